@@ -1,0 +1,89 @@
+"""Apache Kafka jars from Maven Central, fetched once with Maven and cached.
+
+The same classpath runs local brokers, the real MirrorMaker 2 (for compatibility
+tests and benchmarks) and Kafka's perf tools.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+POM = Path(__file__).with_name("pom.xml")
+LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
+
+
+class JarFetchError(RuntimeError):
+    """Maven could not provide the Kafka jars."""
+
+
+def cache_root() -> Path:
+    """Where jars and local cluster state live unless told otherwise."""
+    return Path(os.environ.get("MM2PY_CACHE", Path.home() / ".cache" / "mm2py"))
+
+
+def jar_dir() -> Path:
+    """The cache folder for the current pom (a changed pom gets a new folder)."""
+    digest = hashlib.sha256(POM.read_bytes()).hexdigest()[:12]
+    return cache_root() / f"jars-{digest}"
+
+
+def fetch_jars() -> Path:
+    """Download the pom's dependencies into the cache if they are not there yet."""
+    target = jar_dir()
+    marker = target / ".complete"
+    if marker.exists():
+        return target
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise JarFetchError("Maven (mvn) is not on PATH; install it (apt-get install maven)")
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    log.info("fetching Kafka jars from Maven Central into %s", target)
+    cmd = [
+        mvn,
+        "-q",
+        "-B",
+        "-f",
+        str(POM),
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={partial}",
+        "-DincludeScope=runtime",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise JarFetchError(f"mvn dependency:copy-dependencies failed:\n{done.stdout}{done.stderr}")
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    marker.touch()
+    return target
+
+
+def classpath() -> str:
+    """A java -cp argument covering every cached jar."""
+    return str(fetch_jars() / "*")
+
+
+def java_command(main_class: str, *args: str, heap: str = "512m") -> list[str]:
+    """The command line that runs `main_class` from the cached jars."""
+    java = shutil.which("java")
+    if java is None:
+        raise JarFetchError(
+            "java is not on PATH; install a JDK 17 (apt-get install openjdk-17-jdk)"
+        )
+    return [
+        java,
+        f"-Xmx{heap}",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+        "-cp",
+        classpath(),
+        main_class,
+        *args,
+    ]

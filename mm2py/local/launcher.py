@@ -1,0 +1,330 @@
+"""Real single-node Apache Kafka clusters (KRaft) on 127.0.0.1 for demos and tests.
+
+Each cluster lives in `<state dir>/<alias>/`: its server.properties, data, log,
+the PID of the JVM we started and, for secured clusters, the SCRAM users. `down`
+only ever signals PIDs recorded there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mm2py.clients import describe_cluster
+from mm2py.local.jars import cache_root, java_command
+
+log = logging.getLogger(__name__)
+
+# Fixed ports so configs/ and the README can name them.
+BROKER_PORTS = {"A": 19092, "B": 29092, "C": 39092, "D": 49092, "E": 59092}
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+SCRAM_USERS = ("admin", "alice", "bob")
+STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+
+
+class LocalClusterError(RuntimeError):
+    """A local cluster could not be started, stopped or found."""
+
+
+def default_state_dir() -> Path:
+    """Where `mm2py local` keeps its clusters unless --dir says otherwise."""
+    return Path(os.environ.get("MM2PY_LOCAL_DIR", cache_root() / "local"))
+
+
+@dataclass(frozen=True)
+class LocalCluster:
+    """One local cluster as recorded on disk."""
+
+    alias: str
+    port: int
+    secure: bool
+    home: Path
+    users: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def controller_port(self) -> int:
+        return self.port + 1
+
+    @property
+    def log_file(self) -> Path:
+        return self.home / "logs" / "server.log"
+
+    def client_properties(self, user: str = "admin") -> dict[str, str]:
+        """Connection settings (librdkafka names) for `user` on this cluster."""
+        props = {"bootstrap.servers": self.bootstrap_servers}
+        if self.secure:
+            props.update(
+                {
+                    "security.protocol": "SASL_PLAINTEXT",
+                    "sasl.mechanism": SCRAM_MECHANISM,
+                    "sasl.username": user,
+                    "sasl.password": self.users[user],
+                }
+            )
+        return props
+
+
+def server_properties(cluster: LocalCluster) -> str:
+    """The broker+controller configuration of a local cluster (pure)."""
+    port, cport = cluster.port, cluster.controller_port
+    listener = "SASL_PLAINTEXT" if cluster.secure else "PLAINTEXT"
+    lines = [
+        "process.roles=broker,controller",
+        "node.id=1",
+        f"controller.quorum.bootstrap.servers=127.0.0.1:{cport}",
+        f"listeners={listener}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
+        f"advertised.listeners={listener}://127.0.0.1:{port}",
+        "controller.listener.names=CONTROLLER",
+        f"inter.broker.listener.name={listener}",
+        f"listener.security.protocol.map={listener}:{listener},CONTROLLER:PLAINTEXT",
+        f"log.dirs={cluster.home / 'data'}",
+        "num.partitions=1",
+        "offsets.topic.replication.factor=1",
+        "offsets.topic.num.partitions=10",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "transaction.state.log.num.partitions=10",
+        "share.coordinator.state.topic.replication.factor=1",
+        "share.coordinator.state.topic.min.isr=1",
+        "group.initial.rebalance.delay.ms=0",
+        "auto.create.topics.enable=false",
+        "log.flush.interval.messages=9223372036854775807",
+    ]
+    if cluster.secure:
+        admin_password = cluster.users["admin"]
+        jaas = (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="admin" password="{admin_password}";'
+        )
+        lines += [
+            f"sasl.enabled.mechanisms={SCRAM_MECHANISM}",
+            f"sasl.mechanism.inter.broker.protocol={SCRAM_MECHANISM}",
+            f"listener.name.sasl_plaintext.{SCRAM_MECHANISM.lower()}.sasl.jaas.config={jaas}",
+            f"authorizer.class.name={STANDARD_AUTHORIZER}",
+            "super.users=User:admin;User:ANONYMOUS",
+            "allow.everyone.if.no.acl.found=false",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+class LocalKafka:
+    """Starts, finds and stops the local clusters kept under one state folder."""
+
+    def __init__(self, state_dir: Path | None = None) -> None:
+        self.state_dir = (state_dir or default_state_dir()).resolve()
+
+    # -- what is recorded -------------------------------------------------
+
+    def _home(self, alias: str) -> Path:
+        return self.state_dir / alias
+
+    def cluster(self, alias: str) -> LocalCluster:
+        """The recorded cluster `alias` (it may or may not be running)."""
+        meta = self._home(alias) / "cluster.json"
+        if not meta.exists():
+            raise LocalClusterError(f"no local cluster {alias!r} under {self.state_dir}")
+        data = json.loads(meta.read_text())
+        return LocalCluster(
+            alias=alias,
+            port=int(data["port"]),
+            secure=bool(data["secure"]),
+            home=self._home(alias),
+            users=dict(data.get("users", {})),
+        )
+
+    def known(self) -> list[LocalCluster]:
+        """Every cluster recorded under the state folder."""
+        if not self.state_dir.exists():
+            return []
+        homes = sorted(p for p in self.state_dir.iterdir() if (p / "cluster.json").exists())
+        return [self.cluster(p.name) for p in homes]
+
+    def pid(self, alias: str) -> int | None:
+        """The PID of the running broker we started for `alias`, else None."""
+        pid_file = self._home(alias) / "pid"
+        if not pid_file.exists():
+            return None
+        pid = int(pid_file.read_text().strip())
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return None
+        # Guard against a recycled PID: it must be our broker for this folder.
+        if b"kafka.Kafka" not in cmdline or str(self._home(alias)).encode() not in cmdline:
+            return None
+        return pid
+
+    def is_running(self, alias: str) -> bool:
+        return self.pid(alias) is not None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def up(
+        self,
+        aliases: Iterable[str],
+        secure: Iterable[str] = (),
+        timeout: float = 90.0,
+    ) -> list[LocalCluster]:
+        """Start the clusters that do not run yet and wait until all answer."""
+        aliases = list(aliases)
+        secure_set = set(secure)
+        started: dict[str, subprocess.Popen[bytes]] = {}
+        for alias in aliases:
+            if alias not in BROKER_PORTS:
+                raise LocalClusterError(
+                    f"unknown local cluster alias {alias!r}; choose from {', '.join(BROKER_PORTS)}"
+                )
+            if self.is_running(alias):
+                recorded = self.cluster(alias)
+                if recorded.secure != (alias in secure_set):
+                    want = "secured" if alias in secure_set else "plain"
+                    raise LocalClusterError(
+                        f"cluster {alias} already runs but not {want}; run `mm2py local down` first"
+                    )
+                continue
+            started[alias] = self._launch(alias, alias in secure_set)
+        deadline = time.monotonic() + timeout
+        clusters = [self.cluster(a) for a in aliases]
+        for cluster in clusters:
+            self._wait_ready(cluster, deadline, started.get(cluster.alias))
+        return clusters
+
+    def _launch(self, alias: str, secure: bool) -> subprocess.Popen[bytes]:
+        home = self._home(alias)
+        shutil.rmtree(home, ignore_errors=True)
+        (home / "logs").mkdir(parents=True)
+        users = {u: secrets.token_urlsafe(12) for u in SCRAM_USERS} if secure else {}
+        cluster = LocalCluster(alias, BROKER_PORTS[alias], secure, home, users)
+        for port in (cluster.port, cluster.controller_port):
+            if _port_open(port):
+                raise LocalClusterError(
+                    f"port {port} for cluster {alias} is taken by another process; "
+                    "stop it or use `mm2py local down`"
+                )
+        meta = {"port": cluster.port, "secure": secure, "users": users}
+        meta_file = home / "cluster.json"
+        meta_file.write_text(json.dumps(meta, indent=2))
+        meta_file.chmod(0o600)
+        props = home / "server.properties"
+        props.write_text(server_properties(cluster))
+        props.chmod(0o600)
+        self._format(cluster, props)
+        return self._spawn(cluster)
+
+    def _spawn(self, cluster: LocalCluster) -> subprocess.Popen[bytes]:
+        logs = cluster.home / "logs"
+        cmd = java_command("kafka.Kafka", str(cluster.home / "server.properties"))
+        # Tell log4j where the log goes; the property must precede the main class.
+        cmd.insert(1, f"-Dkafka.logs.dir={logs}")
+        with open(logs / "stdout.log", "ab") as out:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        (cluster.home / "pid").write_text(str(proc.pid))
+        log.info(
+            "started cluster %s (pid %d) on %s", cluster.alias, proc.pid, cluster.bootstrap_servers
+        )
+        return proc
+
+    def _format(self, cluster: LocalCluster, props: Path) -> None:
+        args = ["format", "-t", _cluster_id(), "-c", str(props), "--standalone"]
+        for user, password in cluster.users.items():
+            args += ["--add-scram", f"{SCRAM_MECHANISM}=[name={user},password={password}]"]
+        done = subprocess.run(
+            java_command("kafka.tools.StorageTool", *args, heap="256m"),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise LocalClusterError(
+                f"formatting storage of cluster {cluster.alias} failed: {done.stdout}{done.stderr}"
+            )
+
+    def _wait_ready(
+        self, cluster: LocalCluster, deadline: float, proc: subprocess.Popen[bytes] | None
+    ) -> None:
+        while True:
+            # A just-forked child has not exec'd java yet, so ask the Popen when we have it.
+            exited = proc.poll() is not None if proc else not self.is_running(cluster.alias)
+            if exited:
+                raise LocalClusterError(
+                    f"broker of cluster {cluster.alias} exited during start; "
+                    f"see {cluster.log_file} and {cluster.home / 'logs' / 'stdout.log'}"
+                )
+            if _port_open(cluster.port) and describe_cluster(cluster.client_properties()):
+                return
+            if time.monotonic() > deadline:
+                raise LocalClusterError(
+                    f"cluster {cluster.alias} did not answer describe-cluster in time; "
+                    f"see {cluster.log_file}"
+                )
+            time.sleep(0.2)
+
+    def stop(self, alias: str, timeout: float = 20.0) -> None:
+        """Stop the broker of `alias` but keep its data (for restart tests)."""
+        pid = self.pid(alias)
+        if pid is None:
+            return
+        os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while self.is_running(alias) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self.is_running(alias):
+            os.killpg(pid, signal.SIGKILL)
+            while self.is_running(alias):
+                time.sleep(0.05)
+        _reap(pid)
+
+    def start(self, alias: str, timeout: float = 60.0) -> LocalCluster:
+        """Start a stopped cluster again on its existing data."""
+        cluster = self.cluster(alias)
+        proc = None if self.is_running(alias) else self._spawn(cluster)
+        self._wait_ready(cluster, time.monotonic() + timeout, proc)
+        return cluster
+
+    def down(self, aliases: Iterable[str] | None = None) -> list[str]:
+        """Stop the given (default: all recorded) clusters and delete their data."""
+        names = list(aliases) if aliases is not None else [c.alias for c in self.known()]
+        for alias in names:
+            self.stop(alias)
+            shutil.rmtree(self._home(alias), ignore_errors=True)
+        return names
+
+
+def _cluster_id() -> str:
+    """A random KRaft cluster id (base64url of 16 random bytes, as Kafka's Uuid)."""
+    import base64
+
+    return base64.urlsafe_b64encode(secrets.token_bytes(16)).decode().rstrip("=")
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status if the broker was our child (avoids zombies)."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)

@@ -1,0 +1,164 @@
+"""Test helpers that talk to the real local clusters: produce, read back, wait."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import NewTopic
+
+from mm2py import clients
+from mm2py.local.launcher import LocalCluster
+
+T = TypeVar("T")
+
+
+def wait_until(
+    probe: Callable[[], T | None], timeout: float = 30.0, interval: float = 0.2, what: str = ""
+) -> T:
+    """Poll `probe` until it returns something truthy; fail with `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or probe}; last={last!r}")
+
+
+@dataclass(frozen=True)
+class Rec:
+    """A record as the tests compare it: everything replication must keep."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    timestamp: int
+
+    def content(self) -> tuple[Any, ...]:
+        """What must be equal between a source record and its copy."""
+        return (self.partition, self.key, self.value, self.headers, self.timestamp)
+
+
+def create_topic(
+    cluster: LocalCluster, name: str, partitions: int = 1, config: dict[str, str] | None = None
+) -> None:
+    admin = clients.admin_client(cluster.client_properties())
+    futures = admin.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})]
+    )
+    futures[name].result(timeout=30)
+
+
+def produce(
+    cluster: LocalCluster,
+    topic: str,
+    records: Iterable[tuple[int, bytes | None, bytes | None]]
+    | Iterable[tuple[int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]], int]],
+    user: str = "admin",
+    overrides: dict[str, Any] | None = None,
+) -> int:
+    """Produce (partition, key, value[, headers, timestamp]) tuples and wait for all acks."""
+    producer = clients.producer(
+        cluster.client_properties(user), {"linger.ms": 5, **(overrides or {})}
+    )
+    errors: list[str] = []
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    count = 0
+    for rec in records:
+        kwargs: dict[str, Any] = {"partition": rec[0], "key": rec[1], "value": rec[2]}
+        if len(rec) > 3:
+            kwargs["headers"] = list(rec[3])  # type: ignore[misc]
+            kwargs["timestamp"] = rec[4]  # type: ignore[misc]
+        while True:
+            try:
+                producer.produce(topic, on_delivery=on_delivery, **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        count += 1
+    producer.flush(60)
+    if errors:
+        raise KafkaException(errors[0])
+    return count
+
+
+def read_all(
+    cluster: LocalCluster,
+    topic: str,
+    expected: int | None = None,
+    timeout: float = 30.0,
+    isolation: str = "read_committed",
+) -> list[Rec]:
+    """Every record of `topic` from the beginning up to the current end offsets.
+
+    With `expected`, keep reading until that many records arrived (or time out).
+    """
+    consumer = clients.consumer(
+        cluster.client_properties(),
+        {"isolation.level": isolation, "enable.partition.eof": True},
+    )
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        parts = sorted(meta.partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        out: list[Rec] = []
+        deadline = time.monotonic() + timeout
+        eof: set[int] = set()
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                if expected is None and len(eof) == len(parts):
+                    break
+                continue
+            if msg.error():
+                if msg.error().code() == -191:  # _PARTITION_EOF
+                    eof.add(msg.partition())
+                    if expected is None and len(eof) == len(parts):
+                        break
+                    continue
+                raise KafkaException(msg.error())
+            eof.discard(msg.partition())
+            out.append(
+                Rec(
+                    partition=msg.partition(),
+                    offset=msg.offset(),
+                    key=msg.key(),
+                    value=msg.value(),
+                    headers=tuple(msg.headers() or ()),
+                    timestamp=msg.timestamp()[1],
+                )
+            )
+            if expected is not None and len(out) >= expected:
+                break
+        return out
+    finally:
+        consumer.close()
+
+
+def end_offsets(cluster: LocalCluster, topic: str) -> dict[int, int]:
+    """The high watermark of each partition of `topic`."""
+    consumer = clients.consumer(cluster.client_properties())
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in meta.partitions
+        }
+    finally:
+        consumer.close()
+
+
+def topic_names(cluster: LocalCluster) -> set[str]:
+    admin = clients.admin_client(cluster.client_properties())
+    return set(admin.list_topics(timeout=10).topics)
