@@ -1,0 +1,350 @@
+"""load_config: mm2.properties or YAML -> MirrorConfig, through one shared builder.
+
+Both formats become the same flat MM2 keys first, so they give the same model:
+
+- ``clusters``: the cluster aliases.
+- ``A.<client key>``, ``A.consumer|producer|admin.<client key>``: A's clients.
+- ``A->B.enabled``, ``A->B.<flow key>``: one flow, over the global ``<flow key>``.
+- top-level ``security.protocol``, ``ssl.*``, ``sasl.*``: defaults for every cluster's
+  clients (MM2's clusterProps), overridden by ``A.*``.
+- ``offset.storage.*``-style Connect worker keys may also be set on the target cluster
+  (``B.offset.storage.replication.factor``); global ones win, as in MM2's workerConfig.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NoReturn
+
+from pydantic import ValidationError
+
+from mm2py.config.client_props import to_librdkafka
+from mm2py.config.errors import ConfigError
+from mm2py.config.models import (
+    FLOW_KEYS,
+    TYPED_CLIENT_KEYS,
+    WORKER_KEYS,
+    ClusterConfig,
+    FlowConfig,
+    FlowSettings,
+    MirrorConfig,
+    is_secret_key,
+    parse_bool,
+    parse_list,
+)
+from mm2py.config.properties import decode, parse_properties
+from mm2py.config.yaml_loader import parse_yaml
+
+log = logging.getLogger(__name__)
+
+_ROLES = ("consumer", "producer", "admin")
+_ALIAS = re.compile(r"[A-Za-z0-9._-]+")
+# Pre-4.0 names MM2 still translated; the new name wins when both are set.
+_DEPRECATED = {
+    "topics.blacklist": "topics.exclude",
+    "groups.blacklist": "groups.exclude",
+    "config.properties.blacklist": "config.properties.exclude",
+}
+# Java plug-in points: only MM2's own implementations can be honoured.
+_JAVA_CLASSES = {
+    "topic.filter.class": "org.apache.kafka.connect.mirror.DefaultTopicFilter",
+    "group.filter.class": "org.apache.kafka.connect.mirror.DefaultGroupFilter",
+    "config.property.filter.class": "org.apache.kafka.connect.mirror.DefaultConfigPropertyFilter",
+    "forwarding.admin.class": "org.apache.kafka.clients.admin.ForwardingAdmin",
+}
+_GLOBAL_KEYS = FLOW_KEYS | {"clusters", "enabled"} | _DEPRECATED.keys() | _JAVA_CLASSES.keys()
+
+
+def load_config(path: str | Path) -> MirrorConfig:
+    """Load an MM2 ``.properties`` file or an mm2py ``.yaml``/``.yml`` file.
+
+    Raises ConfigError (one line: ``<file>: <key>: <problem>``) for anything wrong,
+    including a missing file or an unknown suffix.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".properties", ".yaml", ".yml"):
+        raise ConfigError(
+            path, None, "unknown file type; use .properties (MM2 format) or .yaml/.yml"
+        )
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(path, None, "no such file") from None
+    except OSError as exc:
+        raise ConfigError(path, None, f"cannot read the file: {exc.strerror}") from None
+    if suffix == ".properties":
+        flat: dict[str, object] = {}
+        for key, value, number in parse_properties(decode(data), path):
+            if key in flat:
+                log.warning("%s: line %d: %s is set again; the last value wins", path, number, key)
+            flat[key] = value
+        return build_config(flat, path, strict=False)
+    return build_config(parse_yaml(decode(data), path, _global_key_problem), path, strict=True)
+
+
+def _global_key_problem(key: str) -> str | None:
+    """None if ``key`` may appear at the top of a config file, else what is wrong."""
+    if key in _GLOBAL_KEYS or _is_common_client_key(key):
+        return None
+    return "unknown key" + _did_you_mean(key, _GLOBAL_KEYS)
+
+
+def _is_common_client_key(key: str) -> bool:
+    # MM2's CLIENT_CONFIG_DEF: bootstrap, security, SSL and SASL settings.
+    return key in ("bootstrap.servers", "security.protocol") or key.startswith(("ssl.", "sasl."))
+
+
+def _did_you_mean(key: str, candidates: object) -> str:
+    close = difflib.get_close_matches(key, sorted(candidates), n=1)  # type: ignore[call-overload]
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+@dataclass
+class _RawCluster:
+    common: dict[str, str] = field(default_factory=dict)
+    roles: dict[str, dict[str, str]] = field(default_factory=lambda: {r: {} for r in _ROLES})
+    worker: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class _RawFlow:
+    enabled: object = None
+    settings: dict[str, object] = field(default_factory=dict)
+
+
+class _Builder:
+    """Sorts flat MM2 keys into clusters, flows and global settings, then validates."""
+
+    def __init__(self, path: Path, strict: bool) -> None:
+        self.path = path
+        self.strict = strict  # YAML: unknown keys are errors; properties: warnings
+        self.aliases: list[str] = []
+        self.clusters: dict[str, _RawCluster] = {}
+        self.flows: dict[tuple[str, str], _RawFlow] = {}
+        self.settings: dict[str, object] = {}
+        self.client_defaults: dict[str, str] = {}
+        self.enabled_default: object = None
+
+    def fail(self, key: str | None, message: str) -> NoReturn:
+        raise ConfigError(self.path, key, message)
+
+    def unknown(self, key: str, problem: str) -> None:
+        if self.strict:
+            self.fail(key, problem)
+        log.warning("%s: %s: ignored: %s", self.path, key, problem)
+
+    def build(self, flat: Mapping[str, object]) -> MirrorConfig:
+        self.aliases = self.cluster_aliases(flat.get("clusters"))
+        self.clusters = {alias: _RawCluster() for alias in self.aliases}
+        for key, value in flat.items():
+            if key != "clusters":
+                self.sort(key, value)
+        self.validate_settings(self.settings, {key: key for key in self.settings})
+        return MirrorConfig(
+            path=self.path,
+            clusters={alias: self.cluster(alias) for alias in self.aliases},
+            flows=[
+                self.flow(source, target)
+                for source in self.aliases
+                for target in self.aliases
+                if source != target
+            ],
+        )
+
+    def cluster_aliases(self, value: object) -> list[str]:
+        try:
+            aliases = parse_list(value if value is not None else "")
+        except ValueError:
+            self.fail("clusters", "expected a comma-separated list of cluster aliases")
+        if not aliases:
+            self.fail("clusters", "no clusters listed; list their aliases, e.g. clusters = A, B")
+        for alias in aliases:
+            if not _ALIAS.fullmatch(alias):
+                self.fail(
+                    "clusters",
+                    f"invalid cluster alias {alias!r}; use letters, digits, '.', '_' or '-'"
+                    " (no spaces, no '->')",
+                )
+            if aliases.count(alias) > 1:
+                self.fail("clusters", f"cluster alias {alias!r} is listed twice")
+        return aliases
+
+    def alias_prefix(self, key: str) -> str | None:
+        """The (longest) cluster alias that ``key`` starts with, followed by a dot."""
+        matches = [alias for alias in self.aliases if key.startswith(alias + ".")]
+        return max(matches, key=len) if matches else None
+
+    def sort(self, key: str, value: object) -> None:
+        if key == "config.providers":
+            self.fail(
+                key,
+                "config providers (${provider:...} references) are not supported;"
+                " write the values into the file",
+            )
+        if "->" in key:
+            self.sort_flow_key(key, value)
+        elif key == "enabled":
+            self.enabled_default = value
+        elif key in FLOW_KEYS or key in _DEPRECATED:
+            self.set_setting(self.settings, key, key, value)
+        elif key in _JAVA_CLASSES:
+            self.check_class(key, key, value)
+        elif alias := self.alias_prefix(key):
+            self.sort_cluster_key(alias, key[len(alias) + 1 :], value)
+        elif _is_common_client_key(key):
+            self.client_defaults[key] = _client_value(value)
+        else:
+            hint = _did_you_mean(key, _GLOBAL_KEYS)
+            if not hint and key.endswith(".bootstrap.servers"):
+                hint = f"; is {key.split('.')[0]!r} missing from clusters?"
+            self.unknown(key, "unknown key" + hint)
+
+    def sort_flow_key(self, key: str, value: object) -> None:
+        source, _, rest = key.partition("->")
+        target = self.alias_prefix(rest)
+        known = ", ".join(self.aliases)
+        if source not in self.aliases:
+            self.fail(key, f"cluster {source!r} is not listed in clusters ({known})")
+        if target is None:
+            named = rest.split(".")[0]
+            if rest in self.aliases:
+                self.fail(key, f"missing setting name, e.g. {source}->{rest}.enabled")
+            self.fail(key, f"cluster {named!r} is not listed in clusters ({known})")
+        if source == target:
+            self.fail(key, "a flow needs two different clusters")
+        sub = rest[len(target) + 1 :]
+        flow = self.flows.setdefault((source, target), _RawFlow())
+        if sub == "enabled":
+            flow.enabled = value
+        elif sub in FLOW_KEYS or sub in _DEPRECATED:
+            self.set_setting(flow.settings, sub, key, value)
+        elif sub in _JAVA_CLASSES:
+            self.check_class(sub, key, value)
+        elif sub.split(".")[0] in _ROLES:
+            self.unknown(
+                key,
+                f"per-flow client settings are not supported; set {source}.{sub} or {target}.{sub}",
+            )
+        else:
+            self.unknown(key, "unknown flow setting" + _did_you_mean(sub, FLOW_KEYS | {"enabled"}))
+
+    def sort_cluster_key(self, alias: str, sub: str, value: object) -> None:
+        raw = self.clusters[alias]
+        role = sub.split(".")[0]
+        if role in _ROLES and "." in sub:
+            raw.roles[role][sub[len(role) + 1 :]] = _client_value(value)
+        elif sub in WORKER_KEYS:
+            raw.worker[sub] = value
+        elif sub in FLOW_KEYS or sub == "enabled":
+            # MM2 has no per-cluster flow settings; it would pass this to A's clients.
+            self.unknown(
+                f"{alias}.{sub}",
+                f"flow settings cannot be set per cluster; set {sub} or {alias}->X.{sub}",
+            )
+        else:
+            raw.common[sub] = _client_value(value)
+
+    def set_setting(self, into: dict[str, object], key: str, shown: str, value: object) -> None:
+        if key in _DEPRECATED:
+            new = _DEPRECATED[key]
+            log.warning("%s: %s is deprecated; use %s", self.path, shown, new)
+            into.setdefault(new, value)
+        else:
+            into[key] = value
+
+    def check_class(self, key: str, shown: str, value: object) -> None:
+        default = _JAVA_CLASSES[key]
+        if str(value).strip() not in (default, default.rsplit(".", 1)[1]):
+            self.fail(shown, f"custom Java classes are not supported; remove it to use {default}")
+
+    def validate_settings(self, values: dict[str, object], shown: dict[str, str]) -> FlowSettings:
+        try:
+            return FlowSettings.model_validate(values)
+        except ValidationError as exc:
+            self.raise_validation(exc, shown, show_input=True)
+
+    def flow(self, source: str, target: str) -> FlowConfig:
+        raw = self.flows.get((source, target), _RawFlow())
+        values: dict[str, object] = {}
+        shown: dict[str, str] = {}
+        layers = (
+            (self.clusters[target].worker, f"{target}."),
+            (self.settings, ""),
+            (raw.settings, f"{source}->{target}."),
+        )
+        for layer, prefix in layers:
+            values.update(layer)
+            shown.update({key: prefix + key for key in layer})
+        settings = self.validate_settings(values, shown)
+        enabled_key = f"{source}->{target}.enabled" if raw.enabled is not None else "enabled"
+        enabled = raw.enabled if raw.enabled is not None else self.enabled_default
+        try:
+            is_enabled = parse_bool(enabled) if enabled is not None else False
+        except ValueError as exc:
+            self.fail(enabled_key, f"{exc} (got {enabled!r})")
+        separator = settings.replication_policy_separator
+        for alias in (source, target):
+            if separator in alias:
+                self.fail(
+                    "clusters",
+                    f"cluster alias {alias!r} contains the replication.policy.separator"
+                    f" {separator!r}, so remote topic names would be ambiguous; rename it",
+                )
+        return FlowConfig(source=source, target=target, enabled=is_enabled, settings=settings)
+
+    def cluster(self, alias: str) -> ClusterConfig:
+        raw = self.clusters[alias]
+        common = to_librdkafka(self.client_defaults, "", self.path)
+        common |= to_librdkafka(raw.common, f"{alias}.", self.path)
+        if not common.get("bootstrap.servers"):
+            self.fail(
+                f"{alias}.bootstrap.servers",
+                f"missing; every cluster needs one, e.g. {alias}.bootstrap.servers = host:9092",
+            )
+        data: dict[str, object] = {
+            role: to_librdkafka(raw.roles[role], f"{alias}.{role}.", self.path) for role in _ROLES
+        }
+        data["alias"] = alias
+        data["properties"] = {k: v for k, v in common.items() if k not in TYPED_CLIENT_KEYS}
+        data.update({k: v for k, v in common.items() if k in TYPED_CLIENT_KEYS})
+        try:
+            return ClusterConfig.model_validate(data)
+        except ValidationError as exc:
+            shown = {key: f"{alias}.{key}" for key in TYPED_CLIENT_KEYS}
+            self.raise_validation(exc, shown, show_input=False)
+
+    def raise_validation(
+        self, exc: ValidationError, shown: dict[str, str], *, show_input: bool
+    ) -> NoReturn:
+        """Re-raise pydantic's first error as one ConfigError line naming the MM2 key."""
+        errors = exc.errors()
+        first = errors[0]
+        loc = str(first["loc"][0]) if first["loc"] else ""
+        key = shown.get(loc, loc)
+        message = first["msg"].removeprefix("Value error, ")
+        value = first.get("input")
+        if show_input and not is_secret_key(loc) and isinstance(value, str | int | float):
+            message += f" (got {value!r})"
+        if len(errors) > 1:
+            message += f" (and {len(errors) - 1} more problem(s))"
+        self.fail(key, message)
+
+
+def _client_value(value: object) -> str:
+    """A client property as the string librdkafka takes (YAML may give bool/int/list)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(str(item).strip() for item in value)
+    return str(value).strip()
+
+
+def build_config(flat: Mapping[str, object], path: Path, *, strict: bool) -> MirrorConfig:
+    """Build the model from flat MM2 keys; ``strict`` makes unknown keys errors, not warnings."""
+    return _Builder(path, strict).build(flat)

@@ -1,0 +1,382 @@
+"""Typed configuration: clusters, flows and MM2's per-flow settings with MM2's defaults.
+
+Field aliases are MM2's dotted keys; Python names are the same keys in snake_case.
+Defaults are MM2's (connect/mirror MirrorSourceConfig, MirrorCheckpointConfig,
+MirrorHeartbeatConfig, MirrorConnectorConfig, Connect's DistributedConfig).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+)
+
+from mm2py.config.errors import ConfigError
+
+ClientRole = Literal["consumer", "producer", "admin"]
+ClientValue = str | SecretStr
+PeriodicTask = Literal[
+    "refresh.topics",
+    "refresh.groups",
+    "sync.topic.configs",
+    "sync.topic.acls",
+    "emit.heartbeats",
+    "emit.checkpoints",
+    "sync.group.offsets",
+]
+
+_SECRET_MARKERS = ("password", "secret", "passphrase", "jaas", "key.pem", "oauthbearer.config")
+
+
+def is_secret_key(key: str) -> bool:
+    """True for client keys whose values must never be shown (passwords, private keys)."""
+    lowered = key.lower()
+    return any(marker in lowered for marker in _SECRET_MARKERS)
+
+
+# --- value parsers: MM2 (Java ConfigDef) semantics for strings, native YAML types as-is ---
+
+
+def parse_bool(value: object) -> bool:
+    """Parse a boolean as Java's ConfigDef does: only true/false, any case."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError("expected true or false")
+
+
+def _parse_int(value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value.strip()):
+        return int(value.strip())
+    raise ValueError("expected an integer")
+
+
+def parse_list(value: object) -> list[str]:
+    """Parse an MM2 LIST: comma-separated string (items trimmed, empty ones dropped) or a list."""
+    if isinstance(value, str):
+        items = value.split(",")
+    elif isinstance(value, list) and all(isinstance(v, str | int) for v in value):
+        items = [str(v) for v in value]
+    else:
+        raise ValueError("expected a comma-separated list")
+    return [item.strip() for item in items if item.strip()]
+
+
+def _compile_all(patterns: list[str]) -> list[str]:
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+    return patterns
+
+
+# MM2 treats any negative interval as "disabled" and fails on 0 (a zero scheduling period);
+# we accept MM2's documented -1 and reject the other values as likely mistakes.
+def _check_interval(seconds: int) -> int:
+    if seconds == -1 or seconds >= 1:
+        return seconds
+    raise ValueError("must be at least 1 second, or -1 to disable")
+
+
+# Replication factors and partition counts: -1 asks the broker for its default (KIP-464).
+def _check_count_or_default(count: int) -> int:
+    if count == -1 or 1 <= count <= 32767:
+        return count
+    raise ValueError("must be between 1 and 32767, or -1 for the broker default")
+
+
+def _check_at_least(minimum: int) -> Callable[[int], int]:
+    def check(value: int) -> int:
+        if value < minimum:
+            raise ValueError(f"must be at least {minimum}")
+        return value
+
+    return check
+
+
+_MIRROR_PACKAGE = "org.apache.kafka.connect.mirror."
+_POLICIES = ("DefaultReplicationPolicy", "IdentityReplicationPolicy")
+
+
+def _policy_name(value: object) -> str:
+    name = value.strip() if isinstance(value, str) else ""
+    name = name.removeprefix(_MIRROR_PACKAGE)
+    if name not in _POLICIES:
+        raise ValueError(
+            f"unsupported replication policy; use {_MIRROR_PACKAGE}DefaultReplicationPolicy"
+            f" or {_MIRROR_PACKAGE}IdentityReplicationPolicy (custom Java policies cannot run)"
+        )
+    return name
+
+
+def _non_empty(value: str) -> str:
+    if not value:
+        raise ValueError("must not be empty")
+    return value
+
+
+def _strip(value: object) -> object:
+    return value.strip() if isinstance(value, str) else value
+
+
+def _upper(value: object) -> object:
+    return value.strip().upper() if isinstance(value, str) else value
+
+
+Bool = Annotated[bool, BeforeValidator(parse_bool)]
+Count = Annotated[int, BeforeValidator(_parse_int), AfterValidator(_check_at_least(0))]
+Interval = Annotated[int, BeforeValidator(_parse_int), AfterValidator(_check_interval)]
+CountOrBrokerDefault = Annotated[
+    int, BeforeValidator(_parse_int), AfterValidator(_check_count_or_default)
+]
+Patterns = Annotated[list[str], BeforeValidator(parse_list), AfterValidator(_compile_all)]
+Text = Annotated[str, BeforeValidator(_strip)]
+
+DEFAULT_TOPICS_EXCLUDE = ("mm2.*\\.internal", ".*\\.replica", "__.*")
+DEFAULT_GROUPS_EXCLUDE = ("console-consumer-.*", "connect-.*", "__.*")
+DEFAULT_CONFIG_PROPERTIES_EXCLUDE = (
+    "follower\\.replication\\.throttled\\.replicas",
+    "leader\\.replication\\.throttled\\.replicas",
+    "message\\.timestamp\\.difference\\.max\\.ms",
+    "message\\.timestamp\\.type",
+    "unclean\\.leader\\.election\\.enable",
+    "min\\.insync\\.replicas",
+)
+
+
+class FlowSettings(BaseModel):
+    """MM2's settings for one flow A->B: global keys overridden by ``A->B.<key>``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    topics: Patterns = Field(default_factory=lambda: [".*"], alias="topics")
+    topics_exclude: Patterns = Field(
+        default_factory=lambda: list(DEFAULT_TOPICS_EXCLUDE), alias="topics.exclude"
+    )
+    groups: Patterns = Field(default_factory=lambda: [".*"], alias="groups")
+    groups_exclude: Patterns = Field(
+        default_factory=lambda: list(DEFAULT_GROUPS_EXCLUDE), alias="groups.exclude"
+    )
+    config_properties_exclude: Patterns = Field(
+        default_factory=lambda: list(DEFAULT_CONFIG_PROPERTIES_EXCLUDE),
+        alias="config.properties.exclude",
+    )
+    replication_policy_class: Annotated[str, BeforeValidator(_policy_name)] = Field(
+        "DefaultReplicationPolicy", alias="replication.policy.class"
+    )
+    replication_policy_separator: Annotated[str, AfterValidator(_non_empty)] = Field(
+        ".", alias="replication.policy.separator"
+    )
+    # False keeps pre-3.0 internal topic names (mm2-offset-syncs.B.internal whatever the separator).
+    replication_policy_internal_topic_separator_enabled: Bool = Field(
+        True, alias="replication.policy.internal.topic.separator.enabled"
+    )
+    replication_factor: CountOrBrokerDefault = Field(2, alias="replication.factor")
+    tasks_max: Annotated[int, BeforeValidator(_parse_int), AfterValidator(_check_at_least(1))] = (
+        Field(1, alias="tasks.max")
+    )
+
+    refresh_topics_enabled: Bool = Field(True, alias="refresh.topics.enabled")
+    refresh_topics_interval_seconds: Interval = Field(600, alias="refresh.topics.interval.seconds")
+    refresh_groups_enabled: Bool = Field(True, alias="refresh.groups.enabled")
+    refresh_groups_interval_seconds: Interval = Field(600, alias="refresh.groups.interval.seconds")
+    sync_topic_configs_enabled: Bool = Field(True, alias="sync.topic.configs.enabled")
+    sync_topic_configs_interval_seconds: Interval = Field(
+        600, alias="sync.topic.configs.interval.seconds"
+    )
+    sync_topic_acls_enabled: Bool = Field(True, alias="sync.topic.acls.enabled")
+    sync_topic_acls_interval_seconds: Interval = Field(
+        600, alias="sync.topic.acls.interval.seconds"
+    )
+    emit_heartbeats_enabled: Bool = Field(True, alias="emit.heartbeats.enabled")
+    emit_heartbeats_interval_seconds: Interval = Field(1, alias="emit.heartbeats.interval.seconds")
+    emit_checkpoints_enabled: Bool = Field(True, alias="emit.checkpoints.enabled")
+    emit_checkpoints_interval_seconds: Interval = Field(
+        60, alias="emit.checkpoints.interval.seconds"
+    )
+    sync_group_offsets_enabled: Bool = Field(False, alias="sync.group.offsets.enabled")
+    sync_group_offsets_interval_seconds: Interval = Field(
+        60, alias="sync.group.offsets.interval.seconds"
+    )
+    emit_offset_syncs_enabled: Bool = Field(True, alias="emit.offset-syncs.enabled")
+    offset_lag_max: Count = Field(100, alias="offset.lag.max")
+    offset_syncs_topic_location: Annotated[Literal["source", "target"], BeforeValidator(_strip)] = (
+        Field("source", alias="offset-syncs.topic.location")
+    )
+    consumer_poll_timeout_ms: Count = Field(1000, alias="consumer.poll.timeout.ms")
+    admin_timeout_ms: Count = Field(60000, alias="admin.timeout.ms")
+
+    heartbeats_topic_replication_factor: CountOrBrokerDefault = Field(
+        3, alias="heartbeats.topic.replication.factor"
+    )
+    checkpoints_topic_replication_factor: CountOrBrokerDefault = Field(
+        3, alias="checkpoints.topic.replication.factor"
+    )
+    offset_syncs_topic_replication_factor: CountOrBrokerDefault = Field(
+        3, alias="offset-syncs.topic.replication.factor"
+    )
+
+    # Connect worker keys (MM2 also reads them from the target cluster: B.offset.storage.*).
+    offset_storage_topic: Text | None = Field(None, alias="offset.storage.topic")
+    offset_storage_replication_factor: CountOrBrokerDefault = Field(
+        3, alias="offset.storage.replication.factor"
+    )
+    offset_storage_partitions: CountOrBrokerDefault = Field(25, alias="offset.storage.partitions")
+    config_storage_replication_factor: CountOrBrokerDefault = Field(
+        3, alias="config.storage.replication.factor"
+    )
+    status_storage_replication_factor: CountOrBrokerDefault = Field(
+        3, alias="status.storage.replication.factor"
+    )
+
+    def period(self, task: PeriodicTask) -> int | None:
+        """Seconds between runs of an MM2 periodic task, or None when it is disabled."""
+        prefix = task.replace(".", "_")
+        enabled: bool = getattr(self, f"{prefix}_enabled")
+        interval: int = getattr(self, f"{prefix}_interval_seconds")
+        return interval if enabled and interval > 0 else None
+
+
+FLOW_KEYS = frozenset(field.alias for field in FlowSettings.model_fields.values() if field.alias)
+WORKER_KEYS = frozenset(key for key in FLOW_KEYS if ".storage." in key)
+
+
+class ClusterConfig(BaseModel):
+    """One Kafka cluster: its alias and librdkafka client properties, common and per role."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    alias: str
+    bootstrap_servers: Annotated[str, AfterValidator(_non_empty)] = Field(alias="bootstrap.servers")
+    security_protocol: Annotated[
+        Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"], BeforeValidator(_upper)
+    ] = Field("PLAINTEXT", alias="security.protocol")
+    sasl_mechanism: Annotated[
+        Literal["GSSAPI", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None,
+        BeforeValidator(_upper),
+    ] = Field(None, alias="sasl.mechanism")
+    sasl_username: str | None = Field(None, alias="sasl.username")
+    sasl_password: SecretStr | None = Field(None, alias="sasl.password")
+    ssl_ca_location: str | None = Field(None, alias="ssl.ca.location")
+    ssl_certificate_location: str | None = Field(None, alias="ssl.certificate.location")
+    ssl_key_location: str | None = Field(None, alias="ssl.key.location")
+    ssl_key_password: SecretStr | None = Field(None, alias="ssl.key.password")
+    # Other librdkafka properties for every client of this cluster, then per-role overrides.
+    properties: dict[str, ClientValue] = Field(default_factory=dict)
+    consumer: dict[str, ClientValue] = Field(default_factory=dict)
+    producer: dict[str, ClientValue] = Field(default_factory=dict)
+    admin: dict[str, ClientValue] = Field(default_factory=dict)
+
+    @field_validator("properties", "consumer", "producer", "admin")
+    @classmethod
+    def _hide_secrets(cls, props: dict[str, ClientValue]) -> dict[str, ClientValue]:
+        return {
+            key: SecretStr(value) if isinstance(value, str) and is_secret_key(key) else value
+            for key, value in props.items()
+        }
+
+    def librdkafka(self, role: ClientRole) -> dict[str, str]:
+        """The full librdkafka configuration for one client role, secrets revealed.
+
+        Common properties first, then the role's overrides (``A.consumer.*`` etc.).
+        This is the only place a librdkafka dict is assembled.
+        """
+        conf: dict[str, str] = {}
+        for name, field in type(self).model_fields.items():
+            value = getattr(self, name)
+            if field.alias and value is not None:
+                conf[field.alias] = _reveal(value)
+        overrides: dict[str, ClientValue] = getattr(self, role)
+        for props in (self.properties, overrides):
+            conf.update({key: _reveal(value) for key, value in props.items()})
+        return conf
+
+
+TYPED_CLIENT_KEYS = frozenset(
+    field.alias for field in ClusterConfig.model_fields.values() if field.alias
+)
+
+
+def _reveal(value: ClientValue) -> str:
+    return value.get_secret_value() if isinstance(value, SecretStr) else value
+
+
+class FlowConfig(BaseModel):
+    """One ordered pair of clusters, source->target, with its settings."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str
+    target: str
+    enabled: bool = False  # MM2: A->B.enabled, false unless set
+    settings: FlowSettings
+
+    @property
+    def name(self) -> str:
+        """The flow as MM2 writes it: ``A->B``."""
+        return f"{self.source}->{self.target}"
+
+    @property
+    def heartbeats_enabled(self) -> bool:
+        """Whether MM2 would emit heartbeats for this pair (even when replication is off)."""
+        return self.settings.period("emit.heartbeats") is not None
+
+    @property
+    def offsets_topic(self) -> str:
+        """The Connect offsets topic on the target: offset.storage.topic or MM2's default."""
+        return self.settings.offset_storage_topic or f"mm2-offsets.{self.source}.internal"
+
+
+class MirrorConfig(BaseModel):
+    """A whole mm2py configuration: clusters and every ordered pair of them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: Path
+    clusters: dict[str, ClusterConfig]
+    # Every ordered pair of distinct clusters, in the order of `clusters`.
+    flows: list[FlowConfig]
+
+    def cluster(self, alias: str) -> ClusterConfig:
+        """The cluster with this alias; ConfigError if there is none."""
+        try:
+            return self.clusters[alias]
+        except KeyError:
+            known = ", ".join(self.clusters)
+            raise ConfigError(self.path, alias, f"no such cluster; known: {known}") from None
+
+    def flow(self, source: str, target: str) -> FlowConfig:
+        """The flow source->target (enabled or not); ConfigError if there is none."""
+        for flow in self.flows:
+            if (flow.source, flow.target) == (source, target):
+                return flow
+        known = ", ".join(self.clusters)
+        raise ConfigError(self.path, f"{source}->{target}", f"no such flow; clusters are: {known}")
+
+    def enabled_flows(self) -> list[FlowConfig]:
+        """Flows that replicate (``A->B.enabled = true``)."""
+        return [flow for flow in self.flows if flow.enabled]
+
+    def heartbeat_flows(self) -> list[FlowConfig]:
+        """Flows that emit heartbeats into their target.
+
+        As in MM2 (MirrorMakerConfig.clusterPairs), this includes pairs whose replication
+        is disabled: heartbeats run for every ordered pair unless emit.heartbeats.enabled
+        is false globally or for that pair.
+        """
+        return [flow for flow in self.flows if flow.heartbeats_enabled]
