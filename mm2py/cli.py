@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mm2py import __version__
+
+if TYPE_CHECKING:
+    from mm2py.config import MirrorConfig
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +30,14 @@ def _aliases(text: str) -> list[str]:
 
 
 def _local(args: argparse.Namespace) -> int:
+    from mm2py.local.jars import JarFetchError, fetch_jars
     from mm2py.local.launcher import LocalClusterError, LocalKafka
 
     kafka = LocalKafka(args.dir)
     try:
-        if args.action == "up":
+        if args.action == "fetch":
+            print(f"Kafka jars in {fetch_jars()}")
+        elif args.action == "up":
             clusters = kafka.up(args.clusters or ["A", "B"], secure=args.secure)
             for cluster in clusters:
                 extra = ""
@@ -52,7 +60,7 @@ def _local(args: argparse.Namespace) -> int:
                 state = "running" if kafka.is_running(cluster.alias) else "stopped"
                 secured = " secured" if cluster.secure else ""
                 print(f"{cluster.alias}  {cluster.bootstrap_servers}  {state}{secured}")
-    except LocalClusterError as err:
+    except (LocalClusterError, JarFetchError) as err:
         print(f"mm2py local {args.action}: {err}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
@@ -67,7 +75,11 @@ def _add_local(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
             "B on :29092, C on :39092, D on :49092, E on :59092."
         ),
     )
-    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument(
+        "action",
+        choices=["up", "down", "status", "fetch"],
+        help="fetch only downloads the Kafka jars into the cache",
+    )
     p.add_argument(
         "--clusters",
         type=_aliases,
@@ -86,6 +98,64 @@ def _add_local(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=_local)
 
 
+# -- mm2py run -------------------------------------------------------------------
+
+
+def _load(path: Path) -> MirrorConfig:
+    """Load a config or exit 2 with its one-line error (never a traceback)."""
+    from mm2py.config import ConfigError, load_config
+
+    try:
+        return load_config(path)
+    except ConfigError as err:
+        print(f"mm2py: {err}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from mm2py.daemon import Daemon, select_flows
+
+    config = _load(args.config)
+    for alias in args.clusters or []:
+        if alias not in config.clusters:
+            known = ", ".join(config.clusters)
+            print(
+                f"mm2py: {args.config}: --clusters: unknown cluster {alias!r}; known: {known}",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+    flows = select_flows(config, args.clusters)
+    if not flows:
+        print(f"mm2py: {args.config}: no enabled flow (set A->B.enabled = true)", file=sys.stderr)
+        return EXIT_USAGE
+    daemon = Daemon(config, flows, args.listen)
+    signal.signal(signal.SIGTERM, daemon.request_stop)
+    signal.signal(signal.SIGINT, daemon.request_stop)
+    daemon.run()
+    return EXIT_OK
+
+
+def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "run",
+        help="replicate every enabled flow of an MM2 config (the daemon)",
+        description="Run the replicator on a mm2.properties or YAML config until SIGTERM/SIGINT.",
+    )
+    p.add_argument("config", type=Path, help="mm2.properties (MM2 format) or .yaml/.yml")
+    p.add_argument(
+        "--clusters",
+        type=_aliases,
+        default=None,
+        help="only run flows whose target is one of these aliases (as MM2's --clusters)",
+    )
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:8083",
+        help="address for /metrics (default 127.0.0.1:8083)",
+    )
+    p.set_defaults(func=_run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (exposed for tests and --help)."""
     parser = argparse.ArgumentParser(
@@ -97,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_run(sub)
     _add_local(sub)
     return parser
 

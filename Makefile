@@ -1,0 +1,41 @@
+# Two entry points: `make demo` and `make test`. Everything they need is
+# installed here: a local virtualenv with the Python packages, and the Kafka
+# jars from Maven Central (java and mvn come from the machine: OpenJDK 17, Maven).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install jars demo test lint unit integration bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+jars: install
+	$(BIN)/mm2py local fetch
+
+demo: jars
+	$(BIN)/python -m mm2py.demo
+
+lint: install
+	$(BIN)/ruff check mm2py tests bench
+	$(BIN)/ruff format --check mm2py tests bench
+	$(BIN)/mypy --strict mm2py
+
+unit: install
+	$(BIN)/pytest -q tests/unit
+
+test: jars lint
+	$(BIN)/pytest -q -ra
+
+bench: jars
+	$(BIN)/python bench/replication.py
+
+clean:
+	-$(BIN)/mm2py local down
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

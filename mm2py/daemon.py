@@ -1,0 +1,126 @@
+"""The replicator daemon: runs every enabled flow's parts, restarts failed ones, serves /metrics."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+
+from prometheus_client import start_http_server
+
+from mm2py.config import FlowConfig, MirrorConfig
+from mm2py.metrics import Metrics
+from mm2py.source import SourcePart
+
+log = logging.getLogger(__name__)
+
+SUPERVISE_INTERVAL = 0.5
+MAX_BACKOFF = 60.0
+STOP_TIMEOUT = 9.0
+
+
+def parse_listen(address: str) -> tuple[str, int]:
+    """`host:port` -> (host, port); a bare port binds to 127.0.0.1."""
+    host, _, port = address.rpartition(":")
+    return (host or "127.0.0.1", int(port))
+
+
+def select_flows(config: MirrorConfig, target_clusters: Sequence[str] | None) -> list[FlowConfig]:
+    """The enabled flows, limited to those whose target is in `target_clusters` (MM2's --clusters)."""
+    flows = config.enabled_flows()
+    if target_clusters:
+        flows = [f for f in flows if f.target in target_clusters]
+    return flows
+
+
+@dataclass
+class Supervised:
+    """A part with its restart bookkeeping."""
+
+    part: SourcePart
+    failures: int = 0
+    restart_at: float | None = None
+    last_error: str | None = field(default=None)
+
+
+class Daemon:
+    """Owns the parts of every selected flow for the lifetime of `mm2py run`."""
+
+    def __init__(self, config: MirrorConfig, flows: Sequence[FlowConfig], listen: str) -> None:
+        self.config = config
+        self.flows = list(flows)
+        self.listen = listen
+        self.metrics = Metrics()
+        self._stopping = threading.Event()
+        self.parts = [
+            Supervised(
+                SourcePart(
+                    flow,
+                    config.cluster(flow.source),
+                    config.cluster(flow.target),
+                    self.metrics,
+                )
+            )
+            for flow in self.flows
+        ]
+
+    def request_stop(self, signum: int | None = None, _frame: FrameType | None = None) -> None:
+        if signum is not None:
+            log.info("received %s, stopping", signal.Signals(signum).name)
+        self._stopping.set()
+
+    def run(self) -> None:
+        """Start everything, supervise until a stop is requested, then stop within 10 s."""
+        host, port = parse_listen(self.listen)
+        server, _thread = start_http_server(port, host, registry=self.metrics.registry)
+        log.info(
+            "mm2py serving /metrics on http://%s:%d; flows: %s",
+            host,
+            port,
+            ", ".join(f.name for f in self.flows) or "none",
+        )
+        for sup in self.parts:
+            sup.part.start()
+        try:
+            while not self._stopping.wait(SUPERVISE_INTERVAL):
+                self._supervise()
+        finally:
+            self._stop_parts()
+            server.shutdown()
+
+    def _supervise(self) -> None:
+        now = time.monotonic()
+        for sup in self.parts:
+            part = sup.part
+            if part.running:
+                continue
+            if sup.restart_at is None:
+                sup.failures += 1
+                sup.last_error = str(part.error) if part.error else "stopped"
+                delay = min(2.0 ** (sup.failures - 1), MAX_BACKOFF)
+                sup.restart_at = now + delay
+                log.warning(
+                    "flow %s: %s part stopped (%s); restarting in %.0fs",
+                    part.flow.name,
+                    part.name,
+                    sup.last_error,
+                    delay,
+                )
+            elif now >= sup.restart_at:
+                sup.restart_at = None
+                part.start()
+
+    def _stop_parts(self) -> None:
+        deadline = time.monotonic() + STOP_TIMEOUT
+        stoppers = [
+            threading.Thread(target=sup.part.stop, args=(STOP_TIMEOUT,)) for sup in self.parts
+        ]
+        for t in stoppers:
+            t.start()
+        for t in stoppers:
+            t.join(max(deadline - time.monotonic(), 0.1))
+        log.info("mm2py stopped")

@@ -1,0 +1,169 @@
+"""Every Prometheus metric mm2py exports, defined in one place.
+
+The copy loop must not pay prometheus_client's per-call locking for every
+record, so the source part counts into plain Python structures
+(`PartitionStats`) and a custom collector turns them into metric families at
+scrape time. Control-plane metrics (errors, heartbeats, checkpoints) use
+ordinary prometheus_client objects.
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+# Seconds; from sub-millisecond copies up to records that waited minutes.
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    900.0,
+    3600.0,
+)
+
+
+class Histogram:
+    """A lock-free histogram for one writer thread; read at scrape time."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.total += seconds
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative (le, count) pairs as Prometheus expects them."""
+        out: list[tuple[str, float]] = []
+        running = 0
+        for bound, count in zip(LATENCY_BUCKETS, self.counts, strict=False):
+            running += count
+            out.append((repr(bound), running))
+        out.append(("+Inf", running + self.counts[-1]))
+        return out
+
+
+@dataclass
+class PartitionStats:
+    """What the copy loop records for one remote topic partition."""
+
+    records: int = 0
+    bytes: int = 0
+    lag: int = 0
+    record_age: Histogram = field(default_factory=Histogram)
+    latency: Histogram = field(default_factory=Histogram)
+
+
+class ReplicationStats:
+    """Per-flow statistics of the source part, keyed by (remote topic, partition)."""
+
+    def __init__(self, source: str, target: str) -> None:
+        self.source = source
+        self.target = target
+        self.partitions: dict[tuple[str, int], PartitionStats] = {}
+
+    def partition(self, topic: str, partition: int) -> PartitionStats:
+        key = (topic, partition)
+        stats = self.partitions.get(key)
+        if stats is None:
+            stats = self.partitions[key] = PartitionStats()
+        return stats
+
+
+class ReplicationCollector(Collector):
+    """Renders every registered flow's `ReplicationStats` as metric families."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._flows: list[ReplicationStats] = []
+
+    def add(self, stats: ReplicationStats) -> None:
+        with self._lock:
+            self._flows.append(stats)
+
+    def remove(self, stats: ReplicationStats) -> None:
+        with self._lock:
+            if stats in self._flows:
+                self._flows.remove(stats)
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["source", "target", "topic", "partition"]
+        records = CounterMetricFamily(
+            "mm2py_records", "Records copied to the target (acknowledged).", labels=labels
+        )
+        size = CounterMetricFamily(
+            "mm2py_bytes", "Bytes of key+value copied to the target.", labels=labels
+        )
+        lag = GaugeMetricFamily(
+            "mm2py_replication_lag_records",
+            "Source end offset minus the next offset to copy.",
+            labels=labels,
+        )
+        age = HistogramMetricFamily(
+            "mm2py_record_age_seconds",
+            "Age of a record (now minus its timestamp) when the replicator read it.",
+            labels=labels,
+        )
+        latency = HistogramMetricFamily(
+            "mm2py_replication_latency_seconds",
+            "Record timestamp to target acknowledgement.",
+            labels=labels,
+        )
+        with self._lock:
+            flows = list(self._flows)
+        for flow in flows:
+            for (topic, partition), stats in list(flow.partitions.items()):
+                values = [flow.source, flow.target, topic, str(partition)]
+                records.add_metric(values, stats.records)
+                size.add_metric(values, stats.bytes)
+                lag.add_metric(values, stats.lag)
+                age.add_metric(values, stats.record_age.buckets(), stats.record_age.total)
+                latency.add_metric(values, stats.latency.buckets(), stats.latency.total)
+        yield from (records, size, lag, age, latency)
+
+
+@dataclass
+class Metrics:
+    """The registry of one daemon with all its metric objects."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    replication: ReplicationCollector = field(default_factory=ReplicationCollector)
+
+    def __post_init__(self) -> None:
+        self.registry.register(self.replication)
+        self.errors = Counter(
+            "mm2py_errors",
+            "Errors by part (source, checkpoint, heartbeat, sync).",
+            ["source", "target", "part"],
+            registry=self.registry,
+        )
+
+    def flows(self) -> Iterable[ReplicationStats]:
+        return list(self.replication._flows)

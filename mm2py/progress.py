@@ -1,0 +1,137 @@
+"""Replication progress in `mm2-offsets.<source>.internal`, as MM2's dedicated mode keeps it.
+
+The topic is Kafka Connect's offsets topic: the key names the source partition
+(`["MirrorSourceConnector",{"cluster":"A","partition":0,"topic":"t"}]`), the
+value is `{"offset":N}` with N the last source offset copied. Sharing the format
+is what lets mm2py resume where MM2 stopped, and MM2 where mm2py stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from mm2py import clients
+from mm2py.formats import (
+    DEFAULT_OFFSET_STORAGE_PARTITIONS,
+    SOURCE_CONNECTOR_NAME,
+    SourceProgressKey,
+    decode_progress_value,
+    encode_progress_value,
+    partition_for_key,
+)
+from mm2py.topics import ensure_internal_topic
+
+log = logging.getLogger(__name__)
+
+SourcePartition = tuple[str, int]
+
+
+class ProgressStore:
+    """Reads and writes the last copied source offset of each source partition."""
+
+    def __init__(
+        self,
+        target_props: Mapping[str, str],
+        target_alias: str,
+        source_alias: str,
+        topic: str,
+        replication_factor: int,
+    ) -> None:
+        self.topic = topic
+        self.source_alias = source_alias
+        self._props = target_props
+        self._admin = clients.admin_client(target_props)
+        ensure_internal_topic(
+            self._admin,
+            target_alias,
+            self.topic,
+            DEFAULT_OFFSET_STORAGE_PARTITIONS,
+            replication_factor,
+        )
+        meta = self._admin.list_topics(self.topic, timeout=30).topics[self.topic]
+        self.partitions = len(meta.partitions)
+        self._producer = clients.producer(
+            target_props, {"acks": "all", "enable.idempotence": True, "linger.ms": 0}
+        )
+
+    def load(self, timeout: float = 60.0) -> dict[SourcePartition, int]:
+        """Every recorded last-copied offset for this source cluster, read to the end."""
+        consumer = clients.consumer(self._props, {"enable.partition.eof": True})
+        try:
+            ends: dict[int, int] = {}
+            for p in range(self.partitions):
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, p), timeout=timeout
+                )
+                if high > low:
+                    ends[p] = high
+            if not ends:
+                return {}
+            consumer.assign([TopicPartition(self.topic, p, 0) for p in ends])
+            found: dict[SourcePartition, int] = {}
+            deadline = time.monotonic() + timeout
+            while ends and time.monotonic() < deadline:
+                for msg in consumer.consume(1000, 0.5):
+                    if msg.error():
+                        if msg.error().code() == -191:  # partition EOF
+                            ends.pop(msg.partition(), None)
+                            continue
+                        raise RuntimeError(f"reading {self.topic}: {msg.error().str()}")
+                    self._apply(found, msg.key(), msg.value())
+                    if msg.offset() + 1 >= ends.get(msg.partition(), 0):
+                        ends.pop(msg.partition(), None)
+            if ends:
+                raise TimeoutError(f"could not read {self.topic} to its end in {timeout}s")
+            return found
+        finally:
+            consumer.close()
+
+    def _apply(
+        self, found: dict[SourcePartition, int], key: bytes | None, value: bytes | None
+    ) -> None:
+        try:
+            pkey = SourceProgressKey.decode(key)
+        except ValueError:
+            return  # other connectors (heartbeat, checkpoint) share the topic
+        if pkey.connector != SOURCE_CONNECTOR_NAME or pkey.cluster != self.source_alias:
+            return
+        offset = decode_progress_value(value)
+        where = (pkey.topic, pkey.partition)
+        if offset is None:
+            found.pop(where, None)
+        else:
+            found[where] = offset
+
+    def write(self, last_copied: Mapping[SourcePartition, int], timeout: float = 10.0) -> bool:
+        """Record the last copied offsets; True once the target acknowledged all."""
+        if not last_copied:
+            return True
+        failures: list[Any] = []
+
+        def on_delivery(err: Any, _msg: Any) -> None:
+            if err is not None:
+                failures.append(err)
+
+        for (topic, partition), offset in last_copied.items():
+            key = SourceProgressKey(
+                SOURCE_CONNECTOR_NAME, self.source_alias, topic, partition
+            ).encode()
+            self._producer.produce(
+                self.topic,
+                key=key,
+                value=encode_progress_value(offset),
+                partition=partition_for_key(key, self.partitions),
+                on_delivery=on_delivery,
+            )
+        remaining = self._producer.flush(timeout)
+        if failures:
+            log.warning("writing progress to %s failed: %s", self.topic, failures[0])
+        return remaining == 0 and not failures
+
+    def close(self) -> None:
+        self._producer.flush(5)

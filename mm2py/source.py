@@ -1,0 +1,430 @@
+"""The source part of a flow A->B: copy records, keep remote topics, progress and offset syncs.
+
+One thread per flow runs a batch consume/produce loop on confluent-kafka. Every
+record keeps its partition, key, value, headers and timestamp; the source is
+read `read_committed`. The only per-record Python work is the produce call and
+its delivery report, which tells the target offset of each copied record.
+
+Offset syncs are written so that translation can be exact: one at the first
+record a partition copies after a (re)start, one whenever the distance
+between source and target offsets changes (a gap on either side: transaction
+markers, aborted or compacted records), and one for the latest copied record
+at every progress commit. Between two syncs the offsets advance together, so
+any source offset maps to the target offset of the first record at or after it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+
+from mm2py import clients
+from mm2py.config import ClusterConfig, FlowConfig
+from mm2py.formats import OffsetSync
+from mm2py.metrics import Metrics, PartitionStats, ReplicationStats
+from mm2py.progress import ProgressStore, SourcePartition
+from mm2py.flow import FlowRules
+from mm2py.topics import (
+    TopicAdminError,
+    create_topic,
+    ensure_internal_topic,
+    grow_topic,
+    partition_counts,
+    plan_remote_topics,
+)
+
+log = logging.getLogger(__name__)
+
+BATCH_SIZE = 5000
+POLL_TIMEOUT = 0.1
+PROGRESS_INTERVAL = 1.0
+LAG_INTERVAL = 1.0
+STOP_FLUSH_TIMEOUT = 7.0
+
+CONSUMER_TUNING: dict[str, Any] = {
+    "isolation.level": "read_committed",
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "auto.offset.reset": "earliest",
+    "queued.max.messages.kbytes": 32768,
+    "fetch.wait.max.ms": 100,
+}
+PRODUCER_TUNING: dict[str, Any] = {
+    "acks": "all",
+    "enable.idempotence": True,
+    "linger.ms": 5,
+    "batch.size": 1000000,
+    "queue.buffering.max.kbytes": 65536,
+    "queue.buffering.max.messages": 200000,
+}
+
+
+class PartitionFailed(RuntimeError):
+    """The target rejected a record: the partition stops until restarted."""
+
+
+@dataclass
+class PartitionState:
+    """The copy state of one source partition and its remote partition."""
+
+    topic: str
+    partition: int
+    remote_topic: str
+    stats: PartitionStats
+    next_offset: int | None = None  # next source offset to copy, if known
+    inflight: deque[int] = field(default_factory=deque)  # source offsets awaiting acks
+    acked: int = -1  # last source offset the target acknowledged
+    acked_downstream: int = -1
+    committed: int = -1  # last offset written to progress
+    synced: int = -1  # upstream offset of the last offset sync
+    delta: int | None = None  # source offset minus target offset since the last sync
+    failure: str | None = None
+    failed_size: int = 0
+
+
+class SourcePart:
+    """Copies every replicated topic of one flow; `start()`/`stop()` run it on a thread."""
+
+    name = "source"
+
+    def __init__(
+        self,
+        flow: FlowConfig,
+        source: ClusterConfig,
+        target: ClusterConfig,
+        metrics: Metrics,
+    ) -> None:
+        self.flow = flow
+        self.rules = FlowRules(flow)
+        self.source = source
+        self.target = target
+        self.stats = ReplicationStats(flow.source, flow.target)
+        metrics.replication.add(self.stats)
+        self._errors = metrics.errors.labels(flow.source, flow.target, self.name)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self._by_source: dict[SourcePartition, PartitionState] = {}
+        self._by_remote: dict[tuple[str, int], PartitionState] = {}
+        self._restart_reason: str | None = None
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def start(self) -> None:
+        self._stop.clear()
+        self.error = None
+        self._thread = threading.Thread(
+            target=self._run_guarded, name=f"source-{self.flow.name}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float = 9.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def failed_partitions(self) -> dict[str, str]:
+        """Partitions stopped by a rejected record, with the reason."""
+        return {
+            f"{s.remote_topic}-{s.partition}": s.failure
+            for s in self._by_source.values()
+            if s.failure is not None
+        }
+
+    def _run_guarded(self) -> None:
+        try:
+            self.run()
+        except BaseException as exc:  # the daemon restarts the part and counts the error
+            self.error = exc
+            self._errors.inc()
+            log.error("flow %s: source part failed: %s", self.flow.name, exc)
+
+    # -- the copy loop -------------------------------------------------------
+
+    def run(self) -> None:
+        """Copy until stopped. Raises on errors the daemon should restart from."""
+        flow, rt = self.flow, self.rules
+        source_props = self.source.librdkafka("consumer")
+        target_props = self.target.librdkafka("producer")
+        self._source_admin = clients.admin_client(self.source.librdkafka("admin"))
+        self._target_admin = clients.admin_client(self.target.librdkafka("admin"))
+        self.progress = ProgressStore(
+            self.target.librdkafka("producer"),
+            flow.target,
+            flow.source,
+            flow.offsets_topic,
+            rt.settings.offset_storage_replication_factor,
+        )
+        self._stored = self.progress.load()
+        self._sync_producer = self._open_sync_producer()
+        self._consumer = clients.consumer(source_props, CONSUMER_TUNING)
+        self._producer = clients.producer(target_props, PRODUCER_TUNING)
+        self._by_source.clear()
+        self._by_remote.clear()
+        self._restart_reason = None
+        try:
+            self._loop()
+        finally:
+            self._shutdown()
+
+    def _open_sync_producer(self) -> Any:
+        rt = self.rules
+        if not rt.settings.emit_offset_syncs_enabled:
+            return None
+        cluster = self.source if rt.offset_syncs_on_source else self.target
+        admin = self._source_admin if rt.offset_syncs_on_source else self._target_admin
+        ensure_internal_topic(
+            admin,
+            cluster.alias,
+            rt.offset_syncs_topic,
+            1,
+            rt.settings.offset_syncs_topic_replication_factor,
+        )
+        return clients.producer(cluster.librdkafka("producer"), {"linger.ms": 50})
+
+    def _loop(self) -> None:
+        consumer, producer = self._consumer, self._producer
+        produce, poll = producer.produce, producer.poll
+        by_source = self._by_source
+        on_delivery = self._on_delivery
+        refresh_every = self.rules.refresh_topics_interval
+        next_refresh = 0.0
+        next_progress = time.monotonic() + PROGRESS_INTERVAL
+        next_lag = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_refresh:
+                self._refresh_topics()
+                next_refresh = now + refresh_every
+            if now >= next_progress:
+                self._commit_progress()
+                next_progress = now + PROGRESS_INTERVAL
+            if now >= next_lag:
+                self._update_lag()
+                next_lag = now + LAG_INTERVAL
+            msgs = consumer.consume(BATCH_SIZE, POLL_TIMEOUT)
+            wall = time.time()
+            for msg in msgs:
+                if msg.error() is not None:
+                    self._consume_error(msg)
+                    continue
+                state = by_source[(msg.topic(), msg.partition())]
+                if state.failure is not None:
+                    continue
+                offset = msg.offset()
+                ts = msg.timestamp()[1]
+                key = msg.key()
+                value = msg.value()
+                state.inflight.append(offset)
+                state.next_offset = offset + 1
+                stats = state.stats
+                stats.record_age.observe(wall - ts / 1000.0)
+                stats.bytes += (len(key) if key else 0) + (len(value) if value else 0)
+                while True:
+                    try:
+                        produce(
+                            state.remote_topic,
+                            value,
+                            key,
+                            state.partition,
+                            on_delivery,
+                            ts,
+                            msg.headers(),
+                        )
+                        break
+                    except BufferError:
+                        # The target is slower than the source: wait for acks. When
+                        # stopping, drop this record: nothing after it was sent, so
+                        # progress (acked records only) stays correct.
+                        poll(0.05)
+                        if self._stop.is_set():
+                            state.inflight.pop()
+                            return
+                    except KafkaException as exc:
+                        state.inflight.pop()
+                        self._fail_partition(state, offset, exc.args[0].str(), _size(msg))
+                        break
+            poll(0)
+            if self._restart_reason:
+                raise RuntimeError(self._restart_reason)
+
+    def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
+        state = self._by_remote[(msg.topic(), msg.partition())]
+        upstream = state.inflight.popleft()
+        if err is not None:
+            if err.code() == KafkaError._MSG_TIMED_OUT:
+                # Nothing is lost: the part restarts from its last progress.
+                self._restart_reason = (
+                    f"copying {state.topic}-{state.partition} offset {upstream} to "
+                    f"{state.remote_topic} on {self.flow.target} failed: {err.str()}"
+                )
+            else:
+                self._fail_partition(state, upstream, err.str(), _size(msg))
+            return
+        if state.failure is not None:
+            return
+        downstream = msg.offset()
+        if upstream - downstream != state.delta:
+            state.delta = upstream - downstream
+            self._emit_sync(state, upstream, downstream)
+        state.acked = upstream
+        state.acked_downstream = downstream
+        stats = state.stats
+        stats.records += 1
+        stats.latency.observe(time.time() - msg.timestamp()[1] / 1000.0)
+
+    def _fail_partition(self, state: PartitionState, offset: int, reason: str, size: int) -> None:
+        """Stop a partition whose record the target rejected, naming the record.
+
+        The target rejects a whole batch when one record is too large, so every
+        record of the batch reports the error; the largest one is named.
+        """
+        first = state.failure is None
+        if not first and size <= state.failed_size:
+            return
+        state.failed_size = size
+        state.failure = (
+            f"target {self.flow.target} rejected record {state.topic}-{state.partition} "
+            f"offset {offset} ({size} bytes) for remote topic {state.remote_topic}: {reason}; "
+            "the partition is stopped: fix the cause and restart the flow"
+        )
+        log.error("flow %s: %s", self.flow.name, state.failure)
+        if first:
+            self._errors.inc()
+            self._consumer.pause([TopicPartition(state.topic, state.partition)])
+
+    def _emit_sync(self, state: PartitionState, upstream: int, downstream: int) -> None:
+        if self._sync_producer is None:
+            return
+        sync = OffsetSync(state.topic, state.partition, upstream, downstream)
+        self._sync_producer.produce(
+            self.rules.offset_syncs_topic, sync.encode_value(), sync.encode_key(), 0
+        )
+        state.synced = upstream
+
+    def _consume_error(self, msg: Any) -> None:
+        err = msg.error()
+        if err.fatal():
+            raise KafkaException(err)
+        log.warning(
+            "flow %s: reading %s-%s from %s: %s",
+            self.flow.name,
+            msg.topic(),
+            msg.partition(),
+            self.flow.source,
+            err.str(),
+        )
+
+    # -- periodic work --------------------------------------------------------
+
+    def _commit_progress(self) -> None:
+        """Write the acknowledged positions (and the latest offset syncs)."""
+        self._producer.poll(0)
+        changed = {}
+        for key, state in self._by_source.items():
+            if state.acked > state.committed:
+                changed[key] = state.acked
+                if state.acked > state.synced:
+                    self._emit_sync(state, state.acked, state.acked_downstream)
+        if self._sync_producer is not None:
+            self._sync_producer.poll(0)
+        if changed and self.progress.write(changed):
+            for key, offset in changed.items():
+                self._by_source[key].committed = offset
+
+    def _update_lag(self) -> None:
+        for state in self._by_source.values():
+            tp = TopicPartition(state.topic, state.partition)
+            try:
+                low, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            except KafkaException:
+                continue
+            if high < 0:
+                continue
+            nxt = state.acked + 1 if state.acked >= 0 else (state.next_offset or low)
+            state.stats.lag = max(high - max(nxt, low), 0)
+
+    def _refresh_topics(self) -> None:
+        """Find new topics and partitions; create or grow remote topics; assign."""
+        rt, flow = self.rules, self.flow
+        try:
+            source_counts = partition_counts(self._source_admin)
+            target_counts = partition_counts(self._target_admin)
+        except KafkaException as exc:
+            log.warning("flow %s: listing topics failed, retrying later: %s", flow.name, exc)
+            return
+        replicated = {t: n for t, n in source_counts.items() if rt.should_replicate(t)}
+        remote_of = {t: rt.remote_topic(t) for t in replicated}
+        plan = plan_remote_topics(
+            {remote_of[t]: n for t, n in replicated.items()}, target_counts
+        )
+        ready = set(replicated)
+        for topic in replicated:
+            remote = remote_of[topic]
+            try:
+                if remote in plan.create:
+                    create_topic(
+                        self._target_admin,
+                        flow.target,
+                        remote,
+                        plan.create[remote],
+                        rt.settings.replication_factor,
+                    )
+                elif remote in plan.grow:
+                    grow_topic(self._target_admin, flow.target, remote, plan.grow[remote])
+            except TopicAdminError as exc:
+                log.error("flow %s: %s", flow.name, exc)
+                self._errors.inc()
+                ready.discard(topic)
+        new: list[TopicPartition] = []
+        for topic in sorted(ready):
+            for partition in range(replicated[topic]):
+                key = (topic, partition)
+                if key in self._by_source:
+                    continue
+                state = PartitionState(
+                    topic, partition, remote_of[topic], self.stats.partition(remote_of[topic], partition)
+                )
+                stored = self._stored.get(key)
+                if stored is not None:
+                    state.acked = state.committed = stored
+                    state.next_offset = stored + 1
+                self._by_source[key] = state
+                self._by_remote[(state.remote_topic, partition)] = state
+                start = stored + 1 if stored is not None else OFFSET_BEGINNING
+                new.append(TopicPartition(topic, partition, start))
+        if new:
+            self._consumer.incremental_assign(new)
+            log.info(
+                "flow %s: now copying %s",
+                flow.name,
+                ", ".join(f"{tp.topic}-{tp.partition}" for tp in new),
+            )
+
+    def _shutdown(self) -> None:
+        """Flush what is in flight, record progress, close clients."""
+        deadline = time.monotonic() + STOP_FLUSH_TIMEOUT
+        try:
+            self._producer.flush(max(deadline - time.monotonic(), 0.1))
+            self._commit_progress()
+            if self._sync_producer is not None:
+                self._sync_producer.flush(max(deadline - time.monotonic(), 0.1))
+        finally:
+            self._consumer.close()
+            self.progress.close()
+
+
+def _size(msg: Any) -> int:
+    """Key plus value bytes of a record."""
+    key, value = msg.key(), msg.value()
+    return (len(key) if key else 0) + (len(value) if value else 0)

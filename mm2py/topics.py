@@ -1,0 +1,113 @@
+"""Topic administration on a cluster: internal topics and remote topics.
+
+Planning (which remote topics to create or grow) is pure; applying the plan
+is a few AdminClient calls whose failures say which topic, which cluster, why.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+
+log = logging.getLogger(__name__)
+
+ADMIN_TIMEOUT = 30.0
+
+
+class TopicAdminError(RuntimeError):
+    """A topic could not be created or grown on a cluster."""
+
+
+@dataclass(frozen=True)
+class RemoteTopicPlan:
+    """What the target needs so that every replicated source topic has a copy."""
+
+    create: dict[str, int]  # remote topic -> partitions
+    grow: dict[str, int]  # remote topic -> new partition count
+
+
+def plan_remote_topics(
+    wanted: Mapping[str, int], existing: Mapping[str, int]
+) -> RemoteTopicPlan:
+    """Compare the partition counts the remote topics need with what the target has.
+
+    Counts never shrink: a remote topic with more partitions than its source
+    keeps them.
+    """
+    create = {t: n for t, n in wanted.items() if t not in existing}
+    grow = {t: n for t, n in wanted.items() if t in existing and existing[t] < n}
+    return RemoteTopicPlan(create, grow)
+
+
+def partition_counts(admin: AdminClient, timeout: float = ADMIN_TIMEOUT) -> dict[str, int]:
+    """Every topic of a cluster with its partition count."""
+    meta = admin.list_topics(timeout=timeout)
+    return {name: len(t.partitions) for name, t in meta.topics.items() if t.error is None}
+
+
+def create_topic(
+    admin: AdminClient,
+    cluster_alias: str,
+    name: str,
+    partitions: int,
+    replication_factor: int,
+    config: Mapping[str, str] | None = None,
+) -> bool:
+    """Create a topic; False if it already exists. Raises TopicAdminError otherwise."""
+    new = NewTopic(
+        name,
+        num_partitions=partitions,
+        replication_factor=replication_factor,
+        config=dict(config or {}),
+    )
+    try:
+        admin.create_topics([new], request_timeout=ADMIN_TIMEOUT)[name].result(
+            timeout=ADMIN_TIMEOUT
+        )
+    except KafkaException as exc:
+        err = exc.args[0]
+        if err.name() == "TOPIC_ALREADY_EXISTS":
+            return False
+        raise TopicAdminError(
+            f"cannot create topic {name!r} ({partitions} partitions, replication factor "
+            f"{replication_factor}) on cluster {cluster_alias}: {err.str()}"
+        ) from None
+    log.info("created topic %s on cluster %s (%d partitions)", name, cluster_alias, partitions)
+    return True
+
+
+def grow_topic(admin: AdminClient, cluster_alias: str, name: str, partitions: int) -> None:
+    """Raise a topic's partition count to `partitions`."""
+    try:
+        admin.create_partitions(
+            [NewPartitions(name, partitions)], request_timeout=ADMIN_TIMEOUT
+        )[name].result(timeout=ADMIN_TIMEOUT)
+    except KafkaException as exc:
+        err = exc.args[0]
+        raise TopicAdminError(
+            f"cannot add partitions to topic {name!r} on cluster {cluster_alias} "
+            f"(to {partitions}): {err.str()}"
+        ) from None
+    log.info("grew topic %s on cluster %s to %d partitions", name, cluster_alias, partitions)
+
+
+def ensure_internal_topic(
+    admin: AdminClient,
+    cluster_alias: str,
+    name: str,
+    partitions: int,
+    replication_factor: int,
+) -> None:
+    """Create one of MM2's compacted internal topics if it is missing."""
+    create_topic(
+        admin,
+        cluster_alias,
+        name,
+        partitions,
+        replication_factor,
+        {"cleanup.policy": "compact"},
+    )

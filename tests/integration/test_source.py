@@ -1,0 +1,204 @@
+"""The source part against real clusters: records, transactions, discovery, restarts, failures."""
+
+from __future__ import annotations
+
+import signal
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import NewPartitions
+
+from mm2py import clients
+from mm2py.formats import SourceProgressKey, decode_progress_value
+from mm2py.local.launcher import LocalCluster
+from tests.conftest import Clusters
+from tests.daemon_harness import mm2_properties, running_daemon
+from tests.kafka_helpers import Rec, create_topic, end_offsets, produce, read_all, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def _config(tmp_path: Path, a: LocalCluster, b: LocalCluster, topics: str, **extra: str) -> Path:
+    path = tmp_path / "mm2.properties"
+    path.write_text(mm2_properties(a, b, topics, **extra))
+    return path
+
+
+def _by_partition(records: list[Rec]) -> dict[int, list[tuple[object, ...]]]:
+    out: dict[int, list[tuple[object, ...]]] = defaultdict(list)
+    for rec in sorted(records, key=lambda r: (r.partition, r.offset)):
+        out[rec.partition].append(rec.content())
+    return dict(out)
+
+
+def _copied(b: LocalCluster, remote: str, count: int) -> list[Rec]:
+    def probe() -> list[Rec] | None:
+        if remote not in clients.admin_client(b.client_properties()).list_topics(timeout=10).topics:
+            return None
+        if sum(end_offsets(b, remote).values()) < count:
+            return None
+        return read_all(b, remote)
+
+    return wait_until(probe, timeout=60, what=f"{count} records in {remote}")
+
+
+def _progress(b: LocalCluster, source: str) -> dict[tuple[str, int], int]:
+    found: dict[tuple[str, int], int] = {}
+    for rec in read_all(b, f"mm2-offsets.{source}.internal"):
+        key = SourceProgressKey.decode(rec.key)
+        offset = decode_progress_value(rec.value)
+        if offset is not None:
+            found[(key.topic, key.partition)] = offset
+    return found
+
+
+def test_records_are_copied_byte_equal_per_partition(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
+) -> None:
+    create_topic(cluster_a, unique, partitions=3)
+    sent = []
+    for i in range(300):
+        key = None if i % 7 == 0 else f"key-{i}".encode()
+        value = None if i % 11 == 0 else bytes([i % 256]) * (i % 50)
+        headers = [("h", b"\x00\x01"), ("h", f"{i}".encode()), ("empty", b""), ("n", None)]
+        sent.append((i % 3, key, value, headers, 1_600_000_000_000 + i * 1000))
+    produce(cluster_a, unique, sent)
+    with running_daemon(_config(tmp_path, cluster_a, cluster_b, unique)) as daemon:
+        copied = _copied(cluster_b, f"A.{unique}", 300)
+        assert _by_partition(copied) == _by_partition(read_all(cluster_a, unique))
+        metrics = daemon.metrics()
+        assert f'mm2py_records_total{{partition="0",source="A",target="B",topic="A.{unique}"}} 100.0' in metrics
+        assert "mm2py_replication_latency_seconds_bucket" in metrics
+        code, took = daemon.stop()
+    assert code == 0 and took < 10
+
+
+def test_aborted_transactions_are_not_copied(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
+) -> None:
+    create_topic(cluster_a, unique)
+    producer = Producer(
+        dict(cluster_a.client_properties(), **{"transactional.id": f"tx-{unique}"})
+    )
+    producer.init_transactions(30)
+    for batch, commit in (("a", True), ("b", False), ("c", True), ("d", False), ("e", True)):
+        producer.begin_transaction()
+        for i in range(10):
+            producer.produce(unique, value=f"{batch}{i}".encode(), partition=0)
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+    with running_daemon(_config(tmp_path, cluster_a, cluster_b, unique)):
+        copied = _copied(cluster_b, f"A.{unique}", 30)
+        values = [r.value for r in copied]
+        assert values == [f"{b}{i}".encode() for b in "ace" for i in range(10)]
+        # Target offsets are dense even though the source has markers and aborted records.
+        assert [r.offset for r in copied] == list(range(30))
+
+
+def test_new_topics_and_partitions_are_picked_up(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
+) -> None:
+    first, second = f"{unique}-one", f"{unique}-two"
+    create_topic(cluster_a, first, partitions=2)
+    produce(cluster_a, first, [(i % 2, None, f"{i}".encode()) for i in range(20)])
+    with running_daemon(_config(tmp_path, cluster_a, cluster_b, f"{unique}.*")):
+        _copied(cluster_b, f"A.{first}", 20)
+        create_topic(cluster_a, second, partitions=1)
+        produce(cluster_a, second, [(0, None, b"x")] * 5)
+        assert len(_copied(cluster_b, f"A.{second}", 5)) == 5
+
+        admin = clients.admin_client(cluster_a.client_properties())
+        admin.create_partitions([NewPartitions(first, 4)])[first].result(30)
+        produce(cluster_a, first, [(p, None, f"new-{p}".encode()) for p in (2, 3)])
+        copied = _copied(cluster_b, f"A.{first}", 22)
+        assert len(end_offsets(cluster_b, f"A.{first}")) == 4
+        assert {(r.partition, r.value) for r in copied if r.partition >= 2} == {
+            (2, b"new-2"),
+            (3, b"new-3"),
+        }
+
+
+def test_clean_restart_loses_nothing_and_copies_nothing_twice(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
+) -> None:
+    create_topic(cluster_a, unique, partitions=2)
+    produce(cluster_a, unique, [(i % 2, None, f"{i}".encode()) for i in range(200)])
+    config = _config(tmp_path, cluster_a, cluster_b, unique)
+    with running_daemon(config) as daemon:
+        _copied(cluster_b, f"A.{unique}", 200)
+        code, took = daemon.stop(signal.SIGINT)
+        assert code == 0 and took < 10
+    assert _progress(cluster_b, "A") == {(unique, 0): 99, (unique, 1): 99}
+    produce(cluster_a, unique, [(i % 2, None, f"{i}".encode()) for i in range(200, 400)])
+    with running_daemon(config):
+        copied = _copied(cluster_b, f"A.{unique}", 400)
+    assert _by_partition(copied) == _by_partition(read_all(cluster_a, unique))
+
+
+def test_kill_9_loses_nothing_and_duplicates_one_window(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
+) -> None:
+    create_topic(cluster_a, unique)
+    produce(cluster_a, unique, [(0, None, f"{i}".encode()) for i in range(20_000)])
+    config = _config(tmp_path, cluster_a, cluster_b, unique)
+    with running_daemon(config) as daemon:
+        wait_until(
+            lambda: sum(end_offsets(cluster_b, f"A.{unique}").values()) > 5000
+            if f"A.{unique}" in clients.admin_client(cluster_b.client_properties()).list_topics(timeout=10).topics
+            else None,
+            what="copying under way",
+        )
+        daemon.stop(signal.SIGKILL)
+    produce(cluster_a, unique, [(0, None, f"{i}".encode()) for i in range(20_000, 21_000)])
+    with running_daemon(config):
+        wait_until(
+            lambda: (read_all(cluster_b, f"A.{unique}") or [None])[-1] is not None
+            and read_all(cluster_b, f"A.{unique}")[-1].value == b"20999",
+            timeout=60,
+            what="last record copied after restart",
+        )
+    values = [int(r.value or b"-1") for r in read_all(cluster_b, f"A.{unique}")]
+    # The copy is the source with one re-copied window: source[:a] + source[b:], b <= a.
+    restart_at = next(i for i in range(1, len(values)) if values[i] != values[i - 1] + 1)
+    assert values[:restart_at] == list(range(restart_at))
+    resumed = values[restart_at]
+    assert resumed <= restart_at
+    assert values[restart_at:] == list(range(resumed, 21_000))
+
+
+def test_target_broker_restart_is_survived(
+    clusters: Clusters, cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
+) -> None:
+    create_topic(cluster_a, unique, partitions=2)
+    produce(cluster_a, unique, [(i % 2, None, f"{i}".encode()) for i in range(100)])
+    with running_daemon(_config(tmp_path, cluster_a, cluster_b, unique)) as daemon:
+        _copied(cluster_b, f"A.{unique}", 100)
+        clusters.kafka.stop("B")
+        produce(cluster_a, unique, [(i % 2, None, f"{i}".encode()) for i in range(100, 300)])
+        clusters.kafka.start("B")
+        copied = _copied(cluster_b, f"A.{unique}", 300)
+        assert daemon.proc.poll() is None
+    assert _by_partition(copied) == _by_partition(read_all(cluster_a, unique))
+
+
+def test_oversized_record_stops_its_partition_with_a_clear_error(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
+) -> None:
+    create_topic(cluster_a, unique, partitions=2)
+    create_topic(cluster_b, f"A.{unique}", partitions=2, config={"max.message.bytes": "4096"})
+    records = [(0, None, b"s" * 100)] * 5 + [(0, None, b"L" * 20_000)] + [(0, None, b"t")] * 5
+    records += [(1, None, f"{i}".encode()) for i in range(50)]
+    produce(cluster_a, unique, records)
+    with running_daemon(_config(tmp_path, cluster_a, cluster_b, unique)) as daemon:
+        copied = _copied(cluster_b, f"A.{unique}", 50)
+        assert [r.value for r in copied if r.partition == 1] == [f"{i}".encode() for i in range(50)]
+        wait_until(lambda: f"{unique}-0 offset 5" in daemon.log(), what="error naming the record")
+        assert f"remote topic A.{unique}" in daemon.log()
+        assert 'mm2py_errors_total{part="source",source="A",target="B"}' in daemon.metrics()
+        assert all(r.value != b"L" * 20_000 for r in read_all(cluster_b, f"A.{unique}"))
+        daemon.stop()
+    assert _progress(cluster_b, "A").get((unique, 0), -1) < 5
