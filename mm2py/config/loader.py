@@ -16,7 +16,7 @@ from __future__ import annotations
 import difflib
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
@@ -100,8 +100,8 @@ def _is_common_client_key(key: str) -> bool:
     return key in ("bootstrap.servers", "security.protocol") or key.startswith(("ssl.", "sasl."))
 
 
-def _did_you_mean(key: str, candidates: object) -> str:
-    close = difflib.get_close_matches(key, sorted(candidates), n=1)  # type: ignore[call-overload]
+def _did_you_mean(key: str, candidates: Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, sorted(candidates), n=1)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 

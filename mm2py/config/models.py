@@ -176,9 +176,11 @@ class FlowSettings(BaseModel):
         default_factory=lambda: list(DEFAULT_CONFIG_PROPERTIES_EXCLUDE),
         alias="config.properties.exclude",
     )
-    replication_policy_class: Annotated[str, BeforeValidator(_policy_name)] = Field(
-        "DefaultReplicationPolicy", alias="replication.policy.class"
-    )
+    # The short class name; mm2py implements these two.
+    replication_policy_class: Annotated[
+        Literal["DefaultReplicationPolicy", "IdentityReplicationPolicy"],
+        BeforeValidator(_policy_name),
+    ] = Field("DefaultReplicationPolicy", alias="replication.policy.class")
     replication_policy_separator: Annotated[str, AfterValidator(_non_empty)] = Field(
         ".", alias="replication.policy.separator"
     )
