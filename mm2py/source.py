@@ -147,7 +147,7 @@ class SourcePart:
         except BaseException as exc:  # the daemon restarts the part and counts the error
             self.error = exc
             self._errors.inc()
-            log.error("flow %s: source part failed: %s", self.flow.name, exc)
+            log.error("flow %s: source part failed: %s", self.flow.name, exc, exc_info=True)
 
     # -- the copy loop -------------------------------------------------------
 
@@ -237,9 +237,9 @@ class SourcePart:
                             value,
                             key,
                             state.partition,
-                            on_delivery,
-                            ts,
-                            msg.headers(),
+                            on_delivery=on_delivery,
+                            timestamp=ts,
+                            headers=msg.headers(),
                         )
                         break
                     except BufferError:
@@ -382,6 +382,8 @@ class SourcePart:
                     )
                 elif remote in plan.grow:
                     grow_topic(self._target_admin, flow.target, remote, plan.grow[remote])
+                if remote in plan.create or remote in plan.grow:
+                    self._await_producer_metadata(remote, replicated[topic])
             except TopicAdminError as exc:
                 log.error("flow %s: %s", flow.name, exc)
                 self._errors.inc()
@@ -410,6 +412,23 @@ class SourcePart:
                 flow.name,
                 ", ".join(f"{tp.topic}-{tp.partition}" for tp in new),
             )
+
+    def _await_producer_metadata(self, remote: str, partitions: int) -> None:
+        """Make the producer see all partitions of a new or grown remote topic.
+
+        Without this, producing to a partition created a moment ago fails with
+        "unknown partition" until librdkafka's next periodic metadata refresh.
+        """
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            meta = self._producer.list_topics(remote, timeout=10).topics.get(remote)
+            if meta is not None and meta.error is None and len(meta.partitions) >= partitions:
+                return
+            time.sleep(0.2)
+        raise TopicAdminError(
+            f"cluster {self.flow.target} does not show {partitions} partitions of {remote} "
+            "after creating them"
+        )
 
     def _shutdown(self) -> None:
         """Flush what is in flight, record progress, close clients."""

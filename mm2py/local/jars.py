@@ -70,8 +70,14 @@ def classpath() -> str:
     return str(fetch_jars() / "*")
 
 
-def java_command(main_class: str, *args: str, heap: str = "512m") -> list[str]:
-    """The command line that runs `main_class` from the cached jars."""
+def java_command(
+    main_class: str, *args: str, heap: str = "512m", logs_dir: Path | None = None
+) -> list[str]:
+    """The command line that runs `main_class` from the cached jars.
+
+    log4j writes to `<logs_dir>/server.log` (default: the cache's logs folder).
+    """
+    logs = logs_dir or cache_root() / "logs"
     java = shutil.which("java")
     if java is None:
         raise JarFetchError(
@@ -81,6 +87,7 @@ def java_command(main_class: str, *args: str, heap: str = "512m") -> list[str]:
         java,
         f"-Xmx{heap}",
         "-Djava.awt.headless=true",
+        f"-Dkafka.logs.dir={logs}",
         f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
         "-cp",
         classpath(),

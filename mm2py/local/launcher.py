@@ -228,9 +228,7 @@ class LocalKafka:
 
     def _spawn(self, cluster: LocalCluster) -> subprocess.Popen[bytes]:
         logs = cluster.home / "logs"
-        cmd = java_command("kafka.Kafka", str(cluster.home / "server.properties"))
-        # Tell log4j where the log goes; the property must precede the main class.
-        cmd.insert(1, f"-Dkafka.logs.dir={logs}")
+        cmd = java_command("kafka.Kafka", str(cluster.home / "server.properties"), logs_dir=logs)
         with open(logs / "stdout.log", "ab") as out:
             proc = subprocess.Popen(
                 cmd,
@@ -250,7 +248,7 @@ class LocalKafka:
         for user, password in cluster.users.items():
             args += ["--add-scram", f"{SCRAM_MECHANISM}=[name={user},password={password}]"]
         done = subprocess.run(
-            java_command("kafka.tools.StorageTool", *args, heap="256m"),
+            java_command("kafka.tools.StorageTool", *args, heap="256m", logs_dir=cluster.home / "logs"),
             capture_output=True,
             text=True,
             check=False,
