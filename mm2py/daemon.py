@@ -30,7 +30,7 @@ def parse_listen(address: str) -> tuple[str, int]:
 
 
 def select_flows(config: MirrorConfig, target_clusters: Sequence[str] | None) -> list[FlowConfig]:
-    """The enabled flows, limited to those whose target is in `target_clusters` (MM2's --clusters)."""
+    """The enabled flows whose target is in `target_clusters` (as MM2's --clusters)."""
     flows = config.enabled_flows()
     if target_clusters:
         flows = [f for f in flows if f.target in target_clusters]

@@ -42,7 +42,7 @@ class FlowRules:
 
     @property
     def offset_syncs_topic(self) -> str:
-        """`mm2-offset-syncs.<target>.internal`, on the cluster offset-syncs.topic.location names."""
+        """`mm2-offset-syncs.<target>.internal`, kept where offset-syncs.topic.location says."""
         return self.policy.offset_syncs_topic(self.flow.target)
 
     @property

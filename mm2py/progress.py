@@ -76,7 +76,8 @@ class ProgressStore:
             found: dict[SourcePartition, int] = {}
             deadline = time.monotonic() + timeout
             while ends and time.monotonic() < deadline:
-                for msg in consumer.consume(1000, 0.5):
+                batch: list[Any] = consumer.consume(1000, 0.5)
+                for msg in batch:
                     if msg.error():
                         if msg.error().code() == -191:  # partition EOF
                             ends.pop(msg.partition(), None)

@@ -26,10 +26,10 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicP
 
 from mm2py import clients
 from mm2py.config import ClusterConfig, FlowConfig
+from mm2py.flow import FlowRules
 from mm2py.formats import OffsetSync
 from mm2py.metrics import Metrics, PartitionStats, ReplicationStats
 from mm2py.progress import ProgressStore, SourcePartition
-from mm2py.flow import FlowRules
 from mm2py.topics import (
     TopicAdminError,
     create_topic,
@@ -212,7 +212,8 @@ class SourcePart:
             if now >= next_lag:
                 self._update_lag()
                 next_lag = now + LAG_INTERVAL
-            msgs = consumer.consume(BATCH_SIZE, POLL_TIMEOUT)
+            # Typed as Any: the hot loop relies on records being complete, not Optional.
+            msgs: list[Any] = consumer.consume(BATCH_SIZE, POLL_TIMEOUT)
             wall = time.time()
             for msg in msgs:
                 if msg.error() is not None:
@@ -365,9 +366,7 @@ class SourcePart:
             return
         replicated = {t: n for t, n in source_counts.items() if rt.should_replicate(t)}
         remote_of = {t: rt.remote_topic(t) for t in replicated}
-        plan = plan_remote_topics(
-            {remote_of[t]: n for t, n in replicated.items()}, target_counts
-        )
+        plan = plan_remote_topics({remote_of[t]: n for t, n in replicated.items()}, target_counts)
         ready = set(replicated)
         for topic in replicated:
             remote = remote_of[topic]
@@ -395,7 +394,10 @@ class SourcePart:
                 if key in self._by_source:
                     continue
                 state = PartitionState(
-                    topic, partition, remote_of[topic], self.stats.partition(remote_of[topic], partition)
+                    topic,
+                    partition,
+                    remote_of[topic],
+                    self.stats.partition(remote_of[topic], partition),
                 )
                 stored = self._stored.get(key)
                 if stored is not None:

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewPartitions, NewTopic
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +31,7 @@ class RemoteTopicPlan:
     grow: dict[str, int]  # remote topic -> new partition count
 
 
-def plan_remote_topics(
-    wanted: Mapping[str, int], existing: Mapping[str, int]
-) -> RemoteTopicPlan:
+def plan_remote_topics(wanted: Mapping[str, int], existing: Mapping[str, int]) -> RemoteTopicPlan:
     """Compare the partition counts the remote topics need with what the target has.
 
     Counts never shrink: a remote topic with more partitions than its source
@@ -83,9 +82,9 @@ def create_topic(
 def grow_topic(admin: AdminClient, cluster_alias: str, name: str, partitions: int) -> None:
     """Raise a topic's partition count to `partitions`."""
     try:
-        admin.create_partitions(
-            [NewPartitions(name, partitions)], request_timeout=ADMIN_TIMEOUT
-        )[name].result(timeout=ADMIN_TIMEOUT)
+        admin.create_partitions([NewPartitions(name, partitions)], request_timeout=ADMIN_TIMEOUT)[
+            name
+        ].result(timeout=ADMIN_TIMEOUT)
     except KafkaException as exc:
         err = exc.args[0]
         raise TopicAdminError(

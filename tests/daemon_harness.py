@@ -29,9 +29,7 @@ SINGLE_NODE_SETTINGS = {
 }
 
 
-def mm2_properties(
-    source: LocalCluster, target: LocalCluster, topics: str, **extra: str
-) -> str:
+def mm2_properties(source: LocalCluster, target: LocalCluster, topics: str, **extra: str) -> str:
     """An MM2 properties file replicating `topics` from `source` to `target`."""
     lines = [
         f"clusters = {source.alias}, {target.alias}",

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from confluent_kafka import KafkaException, TopicPartition
-from confluent_kafka.admin import NewTopic
+from confluent_kafka.cimpl import NewTopic
 
 from mm2py import clients
 from mm2py.local.launcher import LocalCluster

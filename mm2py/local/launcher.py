@@ -248,7 +248,9 @@ class LocalKafka:
         for user, password in cluster.users.items():
             args += ["--add-scram", f"{SCRAM_MECHANISM}=[name={user},password={password}]"]
         done = subprocess.run(
-            java_command("kafka.tools.StorageTool", *args, heap="256m", logs_dir=cluster.home / "logs"),
+            java_command(
+                "kafka.tools.StorageTool", *args, heap="256m", logs_dir=cluster.home / "logs"
+            ),
             capture_output=True,
             text=True,
             check=False,

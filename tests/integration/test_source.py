@@ -73,7 +73,10 @@ def test_records_are_copied_byte_equal_per_partition(
         copied = _copied(cluster_b, f"A.{unique}", 300)
         assert _by_partition(copied) == _by_partition(read_all(cluster_a, unique))
         metrics = daemon.metrics()
-        assert f'mm2py_records_total{{partition="0",source="A",target="B",topic="A.{unique}"}} 100.0' in metrics
+        assert (
+            f'mm2py_records_total{{partition="0",source="A",target="B",topic="A.{unique}"}} 100.0'
+            in metrics
+        )
         assert "mm2py_replication_latency_seconds_bucket" in metrics
         code, took = daemon.stop()
     assert code == 0 and took < 10
@@ -83,9 +86,7 @@ def test_aborted_transactions_are_not_copied(
     cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
 ) -> None:
     create_topic(cluster_a, unique)
-    producer = Producer(
-        dict(cluster_a.client_properties(), **{"transactional.id": f"tx-{unique}"})
-    )
+    producer = Producer(dict(cluster_a.client_properties(), **{"transactional.id": f"tx-{unique}"}))
     producer.init_transactions(30)
     for batch, commit in (("a", True), ("b", False), ("c", True), ("d", False), ("e", True)):
         producer.begin_transaction()
@@ -151,17 +152,24 @@ def test_kill_9_loses_nothing_and_duplicates_one_window(
     config = _config(tmp_path, cluster_a, cluster_b, unique)
     with running_daemon(config) as daemon:
         wait_until(
-            lambda: sum(end_offsets(cluster_b, f"A.{unique}").values()) > 5000
-            if f"A.{unique}" in clients.admin_client(cluster_b.client_properties()).list_topics(timeout=10).topics
-            else None,
+            lambda: (
+                sum(end_offsets(cluster_b, f"A.{unique}").values()) > 5000
+                if f"A.{unique}"
+                in clients.admin_client(cluster_b.client_properties())
+                .list_topics(timeout=10)
+                .topics
+                else None
+            ),
             what="copying under way",
         )
         daemon.stop(signal.SIGKILL)
     produce(cluster_a, unique, [(0, None, f"{i}".encode()) for i in range(20_000, 21_000)])
     with running_daemon(config):
         wait_until(
-            lambda: (read_all(cluster_b, f"A.{unique}") or [None])[-1] is not None
-            and read_all(cluster_b, f"A.{unique}")[-1].value == b"20999",
+            lambda: (
+                (read_all(cluster_b, f"A.{unique}") or [None])[-1] is not None
+                and read_all(cluster_b, f"A.{unique}")[-1].value == b"20999"
+            ),
             timeout=60,
             what="last record copied after restart",
         )
@@ -175,7 +183,11 @@ def test_kill_9_loses_nothing_and_duplicates_one_window(
 
 
 def test_target_broker_restart_is_survived(
-    clusters: Clusters, cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
+    clusters: Clusters,
+    cluster_a: LocalCluster,
+    cluster_b: LocalCluster,
+    unique: str,
+    tmp_path: Path,
 ) -> None:
     create_topic(cluster_a, unique, partitions=2)
     produce(cluster_a, unique, [(i % 2, None, f"{i}".encode()) for i in range(100)])
