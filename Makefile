@@ -20,7 +20,7 @@ jars: install
 	$(BIN)/mm2py local fetch
 
 demo: jars
-	$(BIN)/python -m mm2py.demo
+	$(BIN)/mm2py demo
 
 lint: install
 	$(BIN)/ruff check mm2py tests bench

@@ -156,6 +156,40 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_run)
 
 
+# -- mm2py demo ------------------------------------------------------------------
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from mm2py.config import ConfigError
+    from mm2py.demo import run_demo
+    from mm2py.local.jars import JarFetchError
+    from mm2py.local.launcher import LocalClusterError
+
+    try:
+        run_demo(args.config, seconds=args.seconds, rate=args.rate, listen=args.listen)
+    except ConfigError as err:
+        print(f"mm2py: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except (LocalClusterError, JarFetchError) as err:
+        print(f"mm2py demo: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from mm2py.demo import DEFAULT_CONFIG
+
+    p = sub.add_parser(
+        "demo",
+        help="start local clusters A and B, replicate live sample traffic, show it arriving",
+    )
+    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    p.add_argument("--seconds", type=float, default=None, help="stop after this long")
+    p.add_argument("--rate", type=float, default=5.0, help="orders per second produced to A")
+    p.add_argument("--listen", default="127.0.0.1:8083", help="address for /metrics")
+    p.set_defaults(func=_demo)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (exposed for tests and --help)."""
     parser = argparse.ArgumentParser(
@@ -169,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_run(sub)
     _add_local(sub)
+    _add_demo(sub)
     return parser
 
 

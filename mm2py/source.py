@@ -212,8 +212,14 @@ class SourcePart:
             if now >= next_lag:
                 self._update_lag()
                 next_lag = now + LAG_INTERVAL
+            # Take what is queued at once; if nothing is, wait for the first record
+            # only (consume() would wait for a full batch or the timeout).
             # Typed as Any: the hot loop relies on records being complete, not Optional.
-            msgs: list[Any] = consumer.consume(BATCH_SIZE, POLL_TIMEOUT)
+            msgs: list[Any] = consumer.consume(BATCH_SIZE, 0)
+            if not msgs:
+                first = consumer.poll(POLL_TIMEOUT)
+                if first is not None:
+                    msgs = [first, *consumer.consume(BATCH_SIZE - 1, 0)]
             wall = time.time()
             for msg in msgs:
                 if msg.error() is not None:
