@@ -23,8 +23,8 @@ demo: jars
 	$(BIN)/mm2py demo
 
 lint: install
-	$(BIN)/ruff check mm2py tests bench
-	$(BIN)/ruff format --check mm2py tests bench
+	$(BIN)/ruff check mm2py tests $(wildcard bench)
+	$(BIN)/ruff format --check mm2py tests $(wildcard bench)
 	$(BIN)/mypy --strict mm2py
 
 unit: install
