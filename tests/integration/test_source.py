@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import NewPartitions
 
 from mm2py import clients
@@ -35,11 +35,13 @@ def _by_partition(records: list[Rec]) -> dict[int, list[tuple[object, ...]]]:
 
 def _copied(b: LocalCluster, remote: str, count: int) -> list[Rec]:
     def probe() -> list[Rec] | None:
-        if remote not in clients.admin_client(b.client_properties()).list_topics(timeout=10).topics:
-            return None
-        if sum(end_offsets(b, remote).values()) < count:
-            return None
-        return read_all(b, remote)
+        try:
+            topics = clients.admin_client(b.client_properties()).list_topics(timeout=10).topics
+            if remote not in topics or sum(end_offsets(b, remote).values()) < count:
+                return None
+            return read_all(b, remote)
+        except KafkaException:
+            return None  # e.g. the broker is just restarting: ask again
 
     return wait_until(probe, timeout=60, what=f"{count} records in {remote}")
 
