@@ -1,0 +1,358 @@
+"""Shared pieces of the benchmarks: workloads, Kafka's perf tools, topics, peak memory.
+
+Benchmarks run against the local clusters (`mm2py local up`): A is the source, B the
+target. Throughputs are in records/s and MiB/s (bytes / 2**20, as Kafka's tools
+count "MB"), counting record values only (the workloads have no keys).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Final
+
+from confluent_kafka import TopicPartition
+from confluent_kafka.cimpl import NewTopic
+
+from mm2py import clients
+from mm2py.local.jars import cache_root, java_command
+from mm2py.local.launcher import LocalCluster, LocalKafka
+
+log = logging.getLogger(__name__)
+
+MIB: Final = 1 << 20
+PRODUCER_PERFORMANCE: Final = "org.apache.kafka.tools.ProducerPerformance"
+CONSUMER_PERFORMANCE: Final = "org.apache.kafka.tools.ConsumerPerformance"
+
+# Fast bulk producing on one node: acks=1 and big, briefly lingering batches (1 MiB and
+# 20 ms beat 256 KiB and 10 ms by 10-30% for both standard workloads here).
+FAST_PRODUCER_PROPS: Final[Mapping[str, str]] = {
+    "acks": "1",
+    "linger.ms": "20",
+    "batch.size": "1048576",
+    "compression.type": "none",
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A topic of `partitions` partitions holding `records` records of `record_bytes` bytes."""
+
+    partitions: int
+    records: int
+    record_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.records * self.record_bytes
+
+    @property
+    def label(self) -> str:
+        """Short name for logs and topic names, e.g. ``8p-1000000x1024B``."""
+        return f"{self.partitions}p-{self.records}x{self.record_bytes}B"
+
+
+# The two workloads every system is measured on: large records and small records.
+STANDARD_WORKLOADS: Final = (
+    Workload(partitions=8, records=1_000_000, record_bytes=1024),
+    Workload(partitions=8, records=2_000_000, record_bytes=100),
+)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """What one tool run achieved."""
+
+    records: int
+    records_per_s: float
+    mb_per_s: float
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "records": self.records,
+            "records_per_s": round(self.records_per_s, 1),
+            "mb_per_s": round(self.mb_per_s, 2),
+        }
+
+
+class ToolError(RuntimeError):
+    """A Kafka tool failed or printed something we could not read."""
+
+
+# -- clusters and topics ---------------------------------------------------------
+
+
+def local_clusters(aliases: Iterable[str] = ("A", "B")) -> dict[str, LocalCluster]:
+    """The local clusters by alias, started if they do not run yet (they stay up)."""
+    return {c.alias: c for c in LocalKafka().up(list(aliases))}
+
+
+def bench_topic(workload: Workload, prefix: str = "bench") -> str:
+    """A topic name no earlier run used."""
+    return f"{prefix}-{workload.label}-{uuid.uuid4().hex[:8]}"
+
+
+def create_topic(cluster: LocalCluster, topic: str, partitions: int) -> None:
+    """Create `topic` with replication factor 1."""
+    admin = clients.admin_client(cluster.client_properties())
+    futures = admin.create_topics(
+        [NewTopic(topic, num_partitions=partitions, replication_factor=1)]
+    )
+    futures[topic].result(timeout=30)
+
+
+def delete_topics(cluster: LocalCluster, topics: Iterable[str]) -> None:
+    """Delete `topics` (benchmark topics are large; the clusters are shared)."""
+    names = list(topics)
+    if not names:
+        return
+    admin = clients.admin_client(cluster.client_properties())
+    for name, future in admin.delete_topics(names, operation_timeout=30).items():
+        try:
+            future.result(timeout=60)
+        except Exception as e:  # cleanup is best effort; a leftover topic only costs disk
+            log.warning("could not delete topic %s on %s: %s", name, cluster.alias, e)
+
+
+def end_offsets(cluster: LocalCluster, topic: str) -> dict[int, int]:
+    """The high watermark of every partition of `topic` (empty if it does not exist)."""
+    consumer = clients.consumer(cluster.client_properties())
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return {}
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in meta.partitions
+        }
+    finally:
+        consumer.close()
+
+
+def wait_copied(
+    cluster: LocalCluster, topic: str, records: int, timeout: float, interval: float = 0.5
+) -> float:
+    """Wait until `topic` on `cluster` holds `records` records; return the seconds waited."""
+    start = time.monotonic()
+    deadline = start + timeout
+    while True:
+        have = sum(end_offsets(cluster, topic).values())
+        if have >= records:
+            return time.monotonic() - start
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{topic} on {cluster.alias} has {have} of {records} records")
+        time.sleep(interval)
+
+
+# -- Kafka's perf tools ----------------------------------------------------------
+
+
+def logs_dir() -> Path:
+    """Where the perf tools' JVMs log."""
+    path = cache_root() / "bench-logs"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def run_kafka_tool(main_class: str, *args: str, heap: str = "1g") -> str:
+    """Run one of Kafka's command-line tools to completion; return its stdout."""
+    cmd = [
+        a
+        for a in java_command(main_class, *args, heap=heap)
+        if not a.startswith("-Dkafka.logs.dir=")
+    ]
+    cmd.insert(1, f"-Dkafka.logs.dir={logs_dir()}")  # log4j needs it before the main class
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise ToolError(
+            f"{main_class.rsplit('.', 1)[-1]} exited with {done.returncode}:\n"
+            f"{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
+    return done.stdout
+
+
+_PRODUCER_SUMMARY = re.compile(
+    r"(?P<records>\d+) records sent, (?P<rps>[\d.]+) records/sec \((?P<mbps>[\d.]+) MB/sec\)"
+)
+
+
+def parse_producer_performance(stdout: str) -> Throughput:
+    """The final summary line of ProducerPerformance (its rates exclude JVM start-up)."""
+    matches = list(_PRODUCER_SUMMARY.finditer(stdout))
+    if not matches:
+        raise ToolError(f"no summary line in ProducerPerformance output:\n{stdout[-2000:]}")
+    last = matches[-1]
+    return Throughput(int(last["records"]), float(last["rps"]), float(last["mbps"]))
+
+
+def parse_consumer_performance(stdout: str) -> Throughput:
+    """ConsumerPerformance's CSV line, using the fetch.* rates (group join excluded)."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith("start.time"):
+            header = [h.strip() for h in line.split(",")]
+            row = dict(zip(header, (v.strip() for v in lines[i + 1].split(",")), strict=False))
+            try:
+                return Throughput(
+                    int(row["data.consumed.in.nMsg"]),
+                    float(row["fetch.nMsg.sec"]),
+                    float(row["fetch.MB.sec"]),
+                )
+            except (KeyError, ValueError) as e:
+                raise ToolError(f"unexpected ConsumerPerformance output ({e}):\n{stdout}") from e
+    raise ToolError(f"no stats in ConsumerPerformance output:\n{stdout[-2000:]}")
+
+
+def producer_performance(
+    cluster: LocalCluster,
+    topic: str,
+    workload: Workload,
+    props: Mapping[str, str] = FAST_PRODUCER_PROPS,
+) -> Throughput:
+    """Produce the workload's records (random values, no keys) into an existing topic."""
+    # Plain local clusters only: the Java tools would need JAAS settings for SCRAM.
+    producer_props = {"bootstrap.servers": cluster.bootstrap_servers, **props}
+    stdout = run_kafka_tool(
+        PRODUCER_PERFORMANCE,
+        "--topic",
+        topic,
+        "--num-records",
+        str(workload.records),
+        "--record-size",
+        str(workload.record_bytes),
+        "--throughput",
+        "-1",
+        "--producer-props",
+        *(f"{k}={v}" for k, v in producer_props.items()),
+    )
+    return parse_producer_performance(stdout)
+
+
+def consumer_performance(cluster: LocalCluster, topic: str, records: int) -> Throughput:
+    """Consume `records` records of `topic` from the beginning with a fresh group."""
+    stdout = run_kafka_tool(
+        CONSUMER_PERFORMANCE,
+        "--bootstrap-server",
+        cluster.bootstrap_servers,
+        "--topic",
+        topic,
+        "--messages",
+        str(records),
+        "--group",
+        f"bench-consumer-{uuid.uuid4().hex[:8]}",
+        "--timeout",
+        "30000",
+    )
+    result = parse_consumer_performance(stdout)
+    if result.records < records:
+        raise ToolError(f"ConsumerPerformance read {result.records} of {records} from {topic}")
+    return result
+
+
+def prefill(cluster: LocalCluster, topic: str, workload: Workload) -> Throughput:
+    """Create `topic` on `cluster` and fill it with the workload, as fast as Kafka can."""
+    create_topic(cluster, topic, workload.partitions)
+    result = producer_performance(cluster, topic, workload)
+    have = sum(end_offsets(cluster, topic).values())
+    if have != workload.records:
+        raise ToolError(f"prefill of {topic} left {have} records, expected {workload.records}")
+    return result
+
+
+# -- memory ----------------------------------------------------------------------
+
+
+def _status_kib(pid: int, field: str) -> int | None:
+    """A `kB` field of /proc/<pid>/status (VmRSS, VmHWM), or None if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids.extend(int(k) for k in f.read().split())
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return kids
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and all its descendants alive now."""
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(_children(current))
+    return tree
+
+
+class PeakRss:
+    """Samples the resident memory of a process and its descendants until stopped.
+
+    ``peak_bytes`` is the larger of the highest sampled sum of VmRSS over the tree
+    and the root's VmHWM (the kernel's own high-water mark, which catches peaks
+    between samples). Use as ``with PeakRss(pid) as rss: ...; rss.peak_bytes``.
+    """
+
+    def __init__(self, pid: int, interval: float = 0.2) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.peak_kib = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"peak-rss-{pid}", daemon=True)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.peak_kib * 1024
+
+    def sample(self) -> None:
+        """Take one sample now (also called by the background thread)."""
+        total = sum(_status_kib(p, "VmRSS") or 0 for p in process_tree(self.pid))
+        hwm = _status_kib(self.pid, "VmHWM") or 0
+        self.peak_kib = max(self.peak_kib, total, hwm)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def start(self) -> PeakRss:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def stop(self) -> int:
+        """Stop sampling (take a last sample if the process still runs); return peak bytes."""
+        self.sample()
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        return self.peak_bytes
+
+    def __enter__(self) -> PeakRss:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
