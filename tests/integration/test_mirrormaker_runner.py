@@ -19,10 +19,8 @@ from mm2py.formats import (
     partition_for_key,
 )
 from mm2py.local.launcher import LocalCluster
-from mm2py.local.mirrormaker import RealMirrorMaker, mm2_properties
+from mm2py.local.mirrormaker import RealMirrorMaker, mm2_properties, replicating_pattern
 from tests.kafka_helpers import Rec, create_topic, end_offsets, produce, read_all, wait_until
-
-pytestmark = pytest.mark.integration
 
 PARTITIONS = 2
 PER_PARTITION = 100
@@ -48,6 +46,28 @@ def _copied(cluster: LocalCluster, remote: str) -> int:
         return 0
 
 
+@pytest.mark.parametrize(
+    ("topic", "partitions", "expected"),
+    [
+        ("t", "[t-0]", True),
+        ("t", "[u-1, t-0]", True),
+        ("t", "[t-3, u-0]", True),
+        ("t", "[xt-0, tx-1]", False),
+        ("t", "[t-x-0]", False),  # partition 0 of topic "t-x", not of "t"
+        ("t-x", "[t-x-0]", True),
+        ("a.b", "[axb-0]", False),
+    ],
+)
+def test_replicating_pattern_names_the_topic(topic: str, partitions: str, expected: bool) -> None:
+    line = (
+        "[2026-01-01 00:00:00,000] INFO task-thread-MirrorSourceConnector-0 replicating "
+        f"1 topic-partitions A->B: {partitions}. (org.apache.kafka.connect.mirror.MirrorSourceTask)"
+    )
+    assert bool(replicating_pattern(topic).search(line)) is expected
+    assert replicating_pattern().search(line)
+
+
+@pytest.mark.integration
 def test_real_mm2_replicates_and_commits_progress(
     cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
 ) -> None:
