@@ -51,6 +51,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Final
 
+from mm2py.config.properties import decode, parse_properties
 from mm2py.local.jars import cache_root, java_command
 
 log = logging.getLogger(__name__)
@@ -372,21 +373,11 @@ class RealMirrorMaker:
     def _read_properties(self) -> dict[str, str]:
         if isinstance(self._properties, Mapping):
             return dict(self._properties)
-        text = (
-            self._properties.read_text(encoding="latin-1")
-            if isinstance(self._properties, Path)
-            else self._properties
-        )
-        # Good enough for the lock name: `key=value` or `key = value` lines.
-        props: dict[str, str] = {}
-        for line in text.splitlines():
-            line = line.strip()
-            if not line or line[0] in "#!":
-                continue
-            match = re.match(r"([^=:\s]+)\s*[=:\s]\s*(.*)", line)
-            if match:
-                props[match.group(1)] = match.group(2)
-        return props
+        if isinstance(self._properties, Path):
+            path, text = self._properties, decode(self._properties.read_bytes())
+        else:
+            path, text = self.properties_file, self._properties
+        return {key: value for key, value, _line in parse_properties(text, path)}
 
     def _acquire_lock(self) -> None:
         lock_dir = cache_root() / "locks"
