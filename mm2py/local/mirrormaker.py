@@ -102,8 +102,8 @@ def mm2_properties(
         f"{tgt}->{src}.enabled": "false",
         f"{tgt}->{src}.emit.heartbeats.enabled": "false",
         "topics": topics_regex,
-        # Single-node clusters: MM2's defaults of 3 (and -1 for the worker topics,
-        # i.e. the broker default) would fail or warn on every topic creation.
+        # Single-node clusters: MM2's defaults (2 for remote topics, 3 for its own and
+        # Connect's internal topics) cannot be met by one broker.
         "replication.factor": "1",
         "offset-syncs.topic.replication.factor": "1",
         "heartbeats.topic.replication.factor": "1",
