@@ -113,7 +113,7 @@ def _load(path: Path) -> MirrorConfig:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from mm2py.daemon import Daemon, select_flows
+    from mm2py.daemon import Daemon, ListenError, select_flows
 
     config = _load(args.config)
     for alias in args.clusters or []:
@@ -131,7 +131,11 @@ def _run(args: argparse.Namespace) -> int:
     daemon = Daemon(config, flows, args.listen)
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)
-    daemon.run()
+    try:
+        daemon.run()
+    except ListenError as err:
+        print(f"mm2py: {err}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 

@@ -23,6 +23,10 @@ MAX_BACKOFF = 60.0
 STOP_TIMEOUT = 9.0
 
 
+class ListenError(RuntimeError):
+    """The daemon's HTTP address cannot be bound."""
+
+
 def parse_listen(address: str) -> tuple[str, int]:
     """`host:port` -> (host, port); a bare port binds to 127.0.0.1."""
     host, _, port = address.rpartition(":")
@@ -76,7 +80,13 @@ class Daemon:
     def run(self) -> None:
         """Start everything, supervise until a stop is requested, then stop within 10 s."""
         host, port = parse_listen(self.listen)
-        server, _thread = start_http_server(port, host, registry=self.metrics.registry)
+        try:
+            server, _thread = start_http_server(port, host, registry=self.metrics.registry)
+        except OSError as exc:
+            raise ListenError(
+                f"cannot listen on {self.listen}: {exc.strerror}; "
+                "is another mm2py running there? choose another address with --listen"
+            ) from None
         log.info(
             "mm2py serving /metrics on http://%s:%d; flows: %s",
             host,

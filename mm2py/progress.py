@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from mm2py import clients
 from mm2py.formats import (
@@ -63,18 +63,16 @@ class ProgressStore:
         """Every recorded last-copied offset for this source cluster, read to the end."""
         consumer = clients.consumer(self._props, {"enable.partition.eof": True})
         try:
+            deadline = time.monotonic() + timeout
             ends: dict[int, int] = {}
             for p in range(self.partitions):
-                low, high = consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, p), timeout=timeout
-                )
+                low, high = _watermarks(consumer, TopicPartition(self.topic, p), deadline)
                 if high > low:
                     ends[p] = high
             if not ends:
                 return {}
             consumer.assign([TopicPartition(self.topic, p, 0) for p in ends])
             found: dict[SourcePartition, int] = {}
-            deadline = time.monotonic() + timeout
             while ends and time.monotonic() < deadline:
                 batch: list[Any] = consumer.consume(1000, 0.5)
                 for msg in batch:
@@ -136,3 +134,24 @@ class ProgressStore:
 
     def close(self) -> None:
         self._producer.flush(5)
+
+
+_LEADER_PENDING = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+}
+
+
+def _watermarks(consumer: Any, tp: TopicPartition, deadline: float) -> tuple[int, int]:
+    """Low and high watermark, retrying while a just-created topic gets its leader."""
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            return int(low), int(high)
+        except KafkaException as exc:
+            err = exc.args[0]
+            transient = err.retriable() or err.code() in _LEADER_PENDING
+            if not transient or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)

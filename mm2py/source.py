@@ -54,6 +54,7 @@ CONSUMER_TUNING: dict[str, Any] = {
     "auto.offset.reset": "earliest",
     "queued.max.messages.kbytes": 32768,
     "fetch.wait.max.ms": 100,
+    "fetch.queue.backoff.ms": 5,
 }
 PRODUCER_TUNING: dict[str, Any] = {
     "acks": "all",
