@@ -47,6 +47,10 @@ PROGRESS_INTERVAL = 1.0
 LAG_INTERVAL = 1.0
 STOP_FLUSH_TIMEOUT = 7.0
 
+# Exact translation of old positions needs old syncs: compaction keeps only the
+# newest sync per partition, so keep a week of syncs out of its reach.
+OFFSET_SYNCS_TOPIC_CONFIG = {"min.compaction.lag.ms": str(7 * 24 * 3600 * 1000)}
+
 CONSUMER_TUNING: dict[str, Any] = {
     "isolation.level": "read_committed",
     "enable.auto.commit": False,
@@ -190,6 +194,7 @@ class SourcePart:
             rt.offset_syncs_topic,
             1,
             rt.settings.offset_syncs_topic_replication_factor,
+            OFFSET_SYNCS_TOPIC_CONFIG,
         )
         return clients.producer(cluster.librdkafka("producer"), {"linger.ms": 50})
 

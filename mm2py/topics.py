@@ -100,6 +100,7 @@ def ensure_internal_topic(
     name: str,
     partitions: int,
     replication_factor: int,
+    extra_config: Mapping[str, str] | None = None,
 ) -> None:
     """Create one of MM2's compacted internal topics if it is missing."""
     create_topic(
@@ -108,5 +109,5 @@ def ensure_internal_topic(
         name,
         partitions,
         replication_factor,
-        {"cleanup.policy": "compact"},
+        {"cleanup.policy": "compact", **(extra_config or {})},
     )

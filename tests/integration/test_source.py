@@ -11,7 +11,8 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import NewPartitions
 
 from mm2py import clients
-from mm2py.formats import SourceProgressKey, decode_progress_value
+from mm2py.formats import OffsetSync, SourceProgressKey, decode_progress_value
+from mm2py.offsets import OffsetSyncStore
 from mm2py.local.launcher import LocalCluster
 from tests.conftest import Clusters
 from tests.daemon_harness import mm2_properties, running_daemon
@@ -80,6 +81,8 @@ def test_records_are_copied_byte_equal_per_partition(
             in metrics
         )
         assert "mm2py_replication_latency_seconds_bucket" in metrics
+        lag = f'mm2py_replication_lag_records{{partition="2",source="A",target="B",topic="A.{unique}"}} 0.0'
+        wait_until(lambda: lag in daemon.metrics(), what="lag back to 0")
         code, took = daemon.stop()
     assert code == 0 and took < 10
 
@@ -104,6 +107,26 @@ def test_aborted_transactions_are_not_copied(
         assert values == [f"{b}{i}".encode() for b in "ace" for i in range(10)]
         # Target offsets are dense even though the source has markers and aborted records.
         assert [r.offset for r in copied] == list(range(30))
+
+        # The offset syncs give, for EVERY source offset (gaps included), the target
+        # offset of the first copied record at or after it.
+        source_offsets = [r.offset for r in read_all(cluster_a, unique)]
+        end = source_offsets[-1] + 2  # past the last commit marker
+        expected = {
+            n: next((i for i, o in enumerate(source_offsets) if o >= n), len(source_offsets))
+            for n in range(end)
+        }
+
+        def translations() -> dict[int, int | None] | None:
+            store = OffsetSyncStore()
+            for rec in read_all(cluster_a, "mm2-offset-syncs.B.internal"):
+                sync = OffsetSync.decode(rec.key, rec.value)
+                if sync.topic == unique:
+                    store.add(sync)
+            got = {n: store.translate(unique, 0, n) for n in range(end)}
+            return got if got == expected else None
+
+        wait_until(translations, what="offset syncs that translate every offset exactly")
 
 
 def test_new_topics_and_partitions_are_picked_up(
