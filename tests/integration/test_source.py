@@ -12,8 +12,8 @@ from confluent_kafka.admin import NewPartitions
 
 from mm2py import clients
 from mm2py.formats import OffsetSync, SourceProgressKey, decode_progress_value
-from mm2py.offsets import OffsetSyncStore
 from mm2py.local.launcher import LocalCluster
+from mm2py.offsets import OffsetSyncStore
 from tests.conftest import Clusters
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.kafka_helpers import Rec, create_topic, end_offsets, produce, read_all, wait_until
@@ -81,7 +81,8 @@ def test_records_are_copied_byte_equal_per_partition(
             in metrics
         )
         assert "mm2py_replication_latency_seconds_bucket" in metrics
-        lag = f'mm2py_replication_lag_records{{partition="2",source="A",target="B",topic="A.{unique}"}} 0.0'
+        labels = f'partition="2",source="A",target="B",topic="A.{unique}"'
+        lag = f"mm2py_replication_lag_records{{{labels}}} 0.0"
         wait_until(lambda: lag in daemon.metrics(), what="lag back to 0")
         code, took = daemon.stop()
     assert code == 0 and took < 10
