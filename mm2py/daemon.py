@@ -14,6 +14,7 @@ from prometheus_client import start_http_server
 
 from mm2py.config import FlowConfig, MirrorConfig
 from mm2py.metrics import Metrics
+from mm2py.parts import Part
 from mm2py.source import SourcePart
 
 log = logging.getLogger(__name__)
@@ -41,11 +42,20 @@ def select_flows(config: MirrorConfig, target_clusters: Sequence[str] | None) ->
     return flows
 
 
+def build_parts(config: MirrorConfig, flows: Sequence[FlowConfig], metrics: Metrics) -> list[Part]:
+    """Every part of every selected flow."""
+    parts: list[Part] = []
+    for flow in flows:
+        source, target = config.cluster(flow.source), config.cluster(flow.target)
+        parts.append(SourcePart(flow, source, target, metrics))
+    return parts
+
+
 @dataclass
 class Supervised:
     """A part with its restart bookkeeping."""
 
-    part: SourcePart
+    part: Part
     failures: int = 0
     restart_at: float | None = None
     last_error: str | None = field(default=None)
@@ -60,17 +70,7 @@ class Daemon:
         self.listen = listen
         self.metrics = Metrics()
         self._stopping = threading.Event()
-        self.parts = [
-            Supervised(
-                SourcePart(
-                    flow,
-                    config.cluster(flow.source),
-                    config.cluster(flow.target),
-                    self.metrics,
-                )
-            )
-            for flow in self.flows
-        ]
+        self.parts = [Supervised(part) for part in build_parts(config, self.flows, self.metrics)]
 
     def request_stop(self, signum: int | None = None, _frame: FrameType | None = None) -> None:
         if signum is not None:

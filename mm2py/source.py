@@ -16,7 +16,6 @@ any source offset maps to the target offset of the first record at or after it.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.flow import FlowRules
 from mm2py.formats import OffsetSync
 from mm2py.metrics import Metrics, PartitionStats, ReplicationStats
+from mm2py.parts import Part
 from mm2py.progress import ProgressStore, SourcePartition
 from mm2py.topics import (
     TopicAdminError,
@@ -82,7 +82,6 @@ class PartitionState:
     partition: int
     remote_topic: str
     stats: PartitionStats
-    next_offset: int | None = None  # next source offset to copy, if known
     inflight: deque[int] = field(default_factory=deque)  # source offsets awaiting acks
     acked: int = -1  # last source offset the target acknowledged
     acked_downstream: int = -1
@@ -93,8 +92,8 @@ class PartitionState:
     failed_size: int = 0
 
 
-class SourcePart:
-    """Copies every replicated topic of one flow; `start()`/`stop()` run it on a thread."""
+class SourcePart(Part):
+    """Copies every replicated topic of one flow."""
 
     name = "source"
 
@@ -105,38 +104,15 @@ class SourcePart:
         target: ClusterConfig,
         metrics: Metrics,
     ) -> None:
-        self.flow = flow
+        super().__init__(flow, metrics)
         self.rules = FlowRules(flow)
         self.source = source
         self.target = target
         self.stats = ReplicationStats(flow.source, flow.target)
         metrics.replication.add(self.stats)
-        self._errors = metrics.errors.labels(flow.source, flow.target, self.name)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.error: BaseException | None = None
         self._by_source: dict[SourcePartition, PartitionState] = {}
         self._by_remote: dict[tuple[str, int], PartitionState] = {}
         self._restart_reason: str | None = None
-
-    # -- lifecycle ----------------------------------------------------------
-
-    def start(self) -> None:
-        self._stop.clear()
-        self.error = None
-        self._thread = threading.Thread(
-            target=self._run_guarded, name=f"source-{self.flow.name}", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self, timeout: float = 9.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
 
     def failed_partitions(self) -> dict[str, str]:
         """Partitions stopped by a rejected record, with the reason."""
@@ -145,14 +121,6 @@ class SourcePart:
             for s in self._by_source.values()
             if s.failure is not None
         }
-
-    def _run_guarded(self) -> None:
-        try:
-            self.run()
-        except BaseException as exc:  # the daemon restarts the part and counts the error
-            self.error = exc
-            self._errors.inc()
-            log.error("flow %s: source part failed: %s", self.flow.name, exc, exc_info=True)
 
     # -- the copy loop -------------------------------------------------------
 
@@ -207,7 +175,7 @@ class SourcePart:
         next_refresh = 0.0
         next_progress = time.monotonic() + PROGRESS_INTERVAL
         next_lag = 0.0
-        while not self._stop.is_set():
+        while not self.stopping.is_set():
             now = time.monotonic()
             if now >= next_refresh:
                 self._refresh_topics()
@@ -239,7 +207,6 @@ class SourcePart:
                 key = msg.key()
                 value = msg.value()
                 state.inflight.append(offset)
-                state.next_offset = offset + 1
                 stats = state.stats
                 stats.record_age.observe(wall - ts / 1000.0)
                 stats.bytes += (len(key) if key else 0) + (len(value) if value else 0)
@@ -260,7 +227,7 @@ class SourcePart:
                         # stopping, drop this record: nothing after it was sent, so
                         # progress (acked records only) stays correct.
                         poll(0.05)
-                        if self._stop.is_set():
+                        if self.stopping.is_set():
                             state.inflight.pop()
                             return
                     except KafkaException as exc:
@@ -313,7 +280,7 @@ class SourcePart:
         )
         log.error("flow %s: %s", self.flow.name, state.failure)
         if first:
-            self._errors.inc()
+            self.errors.inc()
             self._consumer.pause([TopicPartition(state.topic, state.partition)])
 
     def _emit_sync(self, state: PartitionState, upstream: int, downstream: int) -> None:
@@ -364,7 +331,7 @@ class SourcePart:
                 continue
             if high < 0:
                 continue
-            nxt = state.acked + 1 if state.acked >= 0 else (state.next_offset or low)
+            nxt = state.acked + 1 if state.acked >= 0 else low
             state.stats.lag = max(high - max(nxt, low), 0)
 
     def _refresh_topics(self) -> None:
@@ -397,7 +364,7 @@ class SourcePart:
                     self._await_producer_metadata(remote, replicated[topic])
             except TopicAdminError as exc:
                 log.error("flow %s: %s", flow.name, exc)
-                self._errors.inc()
+                self.errors.inc()
                 ready.discard(topic)
         new: list[TopicPartition] = []
         for topic in sorted(ready):
@@ -414,7 +381,6 @@ class SourcePart:
                 stored = self._stored.get(key)
                 if stored is not None:
                     state.acked = state.committed = stored
-                    state.next_offset = stored + 1
                 self._by_source[key] = state
                 self._by_remote[(state.remote_topic, partition)] = state
                 start = stored + 1 if stored is not None else OFFSET_BEGINNING

@@ -1,0 +1,59 @@
+"""What the daemon runs: parts of a flow, each on its own thread with start()/stop()."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+
+from mm2py.config import FlowConfig
+from mm2py.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class Part(ABC):
+    """One job of one flow (source, checkpoint, heartbeat, ...).
+
+    `run()` works until `stopping` is set; an exception ends the part, is counted
+    in mm2py_errors_total{part=name} and the daemon restarts the part with backoff.
+    """
+
+    name = "part"
+
+    def __init__(self, flow: FlowConfig, metrics: Metrics) -> None:
+        self.flow = flow
+        self.metrics = metrics
+        self.errors = metrics.errors.labels(flow.source, flow.target, self.name)
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    @abstractmethod
+    def run(self) -> None:
+        """Do the part's work until `self.stopping` is set."""
+
+    def start(self) -> None:
+        self.stopping.clear()
+        self.error = None
+        self._thread = threading.Thread(
+            target=self._run_guarded, name=f"{self.name}-{self.flow.name}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float = 9.0) -> None:
+        self.stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run_guarded(self) -> None:
+        try:
+            self.run()
+        except BaseException as exc:  # the daemon restarts the part and reports the error
+            self.error = exc
+            self.errors.inc()
+            log.error("flow %s: %s part failed: %s", self.flow.name, self.name, exc, exc_info=True)
