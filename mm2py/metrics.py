@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter
@@ -164,6 +164,3 @@ class Metrics:
             ["source", "target", "part"],
             registry=self.registry,
         )
-
-    def flows(self) -> Iterable[ReplicationStats]:
-        return list(self.replication._flows)
