@@ -14,33 +14,24 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from mm2py.local import mirrormaker
 from mm2py.local.launcher import LocalCluster
-
-SINGLE_NODE_SETTINGS = {
-    "replication.factor": "1",
-    "offset-syncs.topic.replication.factor": "1",
-    "heartbeats.topic.replication.factor": "1",
-    "checkpoints.topic.replication.factor": "1",
-    "offset.storage.replication.factor": "1",
-    "config.storage.replication.factor": "1",
-    "status.storage.replication.factor": "1",
-    "refresh.topics.interval.seconds": "1",
-    "sync.topic.acls.enabled": "false",
-}
 
 
 def mm2_properties(source: LocalCluster, target: LocalCluster, topics: str, **extra: str) -> str:
-    """An MM2 properties file replicating `topics` from `source` to `target`."""
-    lines = [
-        f"clusters = {source.alias}, {target.alias}",
-        f"{source.alias}.bootstrap.servers = {source.bootstrap_servers}",
-        f"{target.alias}.bootstrap.servers = {target.bootstrap_servers}",
-        f"{source.alias}->{target.alias}.enabled = true",
-        f"{source.alias}->{target.alias}.topics = {topics}",
-    ]
-    settings = dict(SINGLE_NODE_SETTINGS, **extra)
-    lines += [f"{k} = {v}" for k, v in settings.items()]
-    return "\n".join(lines) + "\n"
+    """An MM2 properties file replicating `topics` from `source` to `target`.
+
+    The same file real MM2 runs (see mm2py.local.mirrormaker.mm2_properties).
+    """
+    props = mirrormaker.mm2_properties(
+        source.alias,
+        source.bootstrap_servers,
+        target.alias,
+        target.bootstrap_servers,
+        topics,
+        **extra,
+    )
+    return mirrormaker.render_properties(props)
 
 
 def free_port() -> int:
