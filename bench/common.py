@@ -217,8 +217,12 @@ def producer_performance(
     topic: str,
     workload: Workload,
     props: Mapping[str, str] = FAST_PRODUCER_PROPS,
+    throughput: int = -1,
 ) -> Throughput:
-    """Produce the workload's records (random values, no keys) into an existing topic."""
+    """Produce the workload's records (random values, no keys) into an existing topic.
+
+    `throughput` caps the rate in records/s (-1: as fast as possible).
+    """
     # Plain local clusters only: the Java tools would need JAAS settings for SCRAM.
     producer_props = {"bootstrap.servers": cluster.bootstrap_servers, **props}
     stdout = run_kafka_tool(
@@ -230,7 +234,7 @@ def producer_performance(
         "--record-size",
         str(workload.record_bytes),
         "--throughput",
-        "-1",
+        str(throughput),
         "--producer-props",
         *(f"{k}={v}" for k, v in producer_props.items()),
     )

@@ -1,0 +1,562 @@
+"""Replication benchmark: Kafka's pipe limit, the real MirrorMaker 2 and mm2py in one run.
+
+    .venv/bin/python -m bench.replication                    # everything (~15 min)
+    .venv/bin/python bench/replication.py --quick            # smoke run: 10x fewer records
+    .venv/bin/python -m bench.replication --workloads large --systems mm2py mirrormaker2
+    make bench                                               # = python bench/replication.py
+
+Throughput, per workload (8 partitions: 1,000,000 x 1 KiB "large", 2,000,000 x 100 B
+"small"): the pipe limit (bench.pipe_limit), then MM2 and then mm2py, each copying its
+own pre-filled topic from A to B. Latency: MM2 and then mm2py, each replicating its
+own fresh topic while a producer writes 1 KiB records into it at a steady 5,000/s.
+
+Both systems get the same MM2 properties file (mm2py.local.mirrormaker.mm2_properties,
+only the topic differs): they share ``mm2-offsets.A.internal`` on B, so each must
+replicate topics the other never saw or it would resume from the other's progress.
+
+Clusters: if the ports of A and B are free, fresh clusters are started under
+``<cache>/bench`` and removed at the end; otherwise the running A and B are reused
+(a note says so on stderr). Prints one JSON line per system and workload on stdout;
+progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# `python bench/replication.py` (as `make bench` runs it) puts bench/ on sys.path, not
+# the repository root that `import bench.common` needs.
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import json
+import logging
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Final
+
+from confluent_kafka import KafkaException, TopicPartition
+
+from bench.common import (
+    MIB,
+    STANDARD_WORKLOADS,
+    PeakRss,
+    ToolError,
+    Workload,
+    bench_topic,
+    create_topic,
+    delete_topics,
+    end_offsets,
+    local_clusters,
+    logs_dir,
+    prefill,
+    producer_performance,
+)
+from bench.pipe_limit import pipe_limit
+from mm2py import clients
+from mm2py.local.jars import cache_root
+from mm2py.local.launcher import BROKER_PORTS, LocalCluster, LocalKafka
+from mm2py.local.mirrormaker import (
+    MirrorMakerError,
+    RealMirrorMaker,
+    mm2_properties,
+    render_properties,
+)
+
+log = logging.getLogger("bench.replication")
+
+PIPE_LIMIT: Final = "pipe-limit"
+MIRRORMAKER2: Final = "mirrormaker2"
+MM2PY: Final = "mm2py"
+SYSTEMS: Final = (PIPE_LIMIT, MIRRORMAKER2, MM2PY)
+REPLICATORS: Final = (MIRRORMAKER2, MM2PY)
+WORKLOADS: Final = {"large": STANDARD_WORKLOADS[0], "small": STANDARD_WORKLOADS[1]}
+
+# connect-mirror-maker.sh starts MM2 with -Xmx2G; give the JVM what users get.
+MM2_HEAP: Final = "2g"
+# How often the copy watcher reads B's end offsets: the resolution of the copy time.
+SAMPLE_INTERVAL: Final = 0.05
+# Latency test: a steady rate of 1 KiB records into 8 partitions for LATENCY_SECONDS.
+LATENCY_RATE: Final = 5000
+LATENCY_SECONDS: Final = 30
+LATENCY_RECORD_BYTES: Final = 1024
+LATENCY_PARTITIONS: Final = 8
+# Records copied before the latency measurement starts, proving the pipeline is live
+# (JVM, Connect worker and task start-up are not replication latency).
+WARMUP_RECORDS: Final = 80
+# The steady producer runs this much longer; records of its first seconds are not counted.
+STEADY_WARMUP_SECONDS: Final = 5
+# The source producer sends each record at once, so its batching adds little to the
+# measured latency (the same small constant for both systems).
+STEADY_PRODUCER_PROPS: Final = {"acks": "1", "linger.ms": "0", "compression.type": "none"}
+
+
+class ReplicatorError(RuntimeError):
+    """A replicator under test exited or did not copy what it should."""
+
+
+# -- results ---------------------------------------------------------------------
+
+
+def result_line(
+    system: str,
+    workload: str,
+    records: int,
+    record_bytes: int,
+    records_per_s: float | None,
+    mb_per_s: float | None,
+    p50_ms: float | None = None,
+    p99_ms: float | None = None,
+    peak_rss_bytes: int | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """One JSON line: the common fields first, anything system-specific after."""
+    return {
+        "system": system,
+        "workload": workload,
+        "records": records,
+        "record_bytes": record_bytes,
+        "records_per_s": None if records_per_s is None else round(records_per_s, 1),
+        "mb_per_s": None if mb_per_s is None else round(mb_per_s, 2),
+        "p50_ms": p50_ms,
+        "p99_ms": p99_ms,
+        "peak_rss_mib": None if peak_rss_bytes is None else round(peak_rss_bytes / MIB, 1),
+        **extra,
+    }
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile `q` (0..1) of an ascending, non-empty sequence."""
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+# -- clusters ----------------------------------------------------------------------
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def bench_clusters() -> tuple[dict[str, LocalCluster], LocalKafka | None]:
+    """Clusters A and B, and the LocalKafka to tear down afterwards if we started them."""
+    ports = [BROKER_PORTS[a] + k for a in ("A", "B") for k in (0, 1)]  # broker, controller
+    taken = [p for p in ports if _port_open(p)]
+    if taken:
+        # The fixed ports are shared with everyone's tests: we cannot start our own.
+        print(
+            f"note: ports {taken} are in use; reusing the running local clusters A and B "
+            "(shared, not fresh: other work on them makes the numbers noisier)",
+            file=sys.stderr,
+        )
+        return local_clusters(["A", "B"]), None
+    state_dir = cache_root() / "bench"
+    # bench.common.local_clusters (used by bench.pipe_limit) must find these clusters.
+    os.environ["MM2PY_LOCAL_DIR"] = str(state_dir)
+    kafka = LocalKafka(state_dir)
+    print(f"note: starting fresh clusters A and B under {state_dir}", file=sys.stderr)
+    return {c.alias: c for c in kafka.up(["A", "B"])}, kafka
+
+
+# -- the replicators under test ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Running:
+    """A replicator process while it runs."""
+
+    system: str
+    pid: int
+    is_running: Callable[[], bool]
+    log_file: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def replicating(
+    system: str, topic: str, source: LocalCluster, target: LocalCluster, run_dir: Path
+) -> Iterator[Running]:
+    """Run `system` (MM2 or mm2py) replicating only `topic` source->target; stop it after."""
+    # The same config for both systems; the topic regex is anchored by MM2's matches().
+    props = mm2_properties(
+        source.alias,
+        source.bootstrap_servers,
+        target.alias,
+        target.bootstrap_servers,
+        re.escape(topic),
+    )
+    if system == MIRRORMAKER2:
+        mm2 = RealMirrorMaker(props, run_dir / f"mm2-{topic}", heap=MM2_HEAP)
+        with mm2:
+            assert mm2.pid is not None
+            yield Running(system, mm2.pid, mm2.is_running, mm2.log_file)
+        return
+    config = run_dir / f"mm2py-{topic}.properties"
+    config.write_text(render_properties(props), encoding="latin-1")
+    log_file = config.with_suffix(".log")
+    cmd = [sys.executable, "-m", "mm2py.cli", "run", str(config)]
+    cmd += ["--listen", f"127.0.0.1:{_free_port()}"]
+    with open(log_file, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    log.info("started mm2py (pid %d), log %s", proc.pid, log_file)
+    try:
+        yield Running(system, proc.pid, lambda: proc.poll() is None, log_file)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                log.warning("mm2py (pid %d) ignored SIGTERM for 20 s; killing it", proc.pid)
+                proc.kill()
+                proc.wait()
+        if proc.returncode != 0:
+            log.warning("mm2py exited with %s; see %s", proc.returncode, log_file)
+
+
+def _check_alive(running: Running) -> None:
+    if not running.is_running():
+        raise ReplicatorError(f"{running.system} exited early; see {running.log_file}")
+
+
+# -- throughput ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Copy:
+    """How one replicator copied a pre-filled topic, as seen from B's end offsets."""
+
+    startup_s: float  # launch -> first copied record visible on B
+    copy_s: float  # first sample with records on B -> sample with all of them
+    copied_in_window: int  # records that arrived during copy_s
+
+
+def _remote_count(consumer: Any, topic: str, partitions: int) -> int:
+    """Records in `topic` on B now (0 while it or a partition leader does not exist yet)."""
+    total = 0
+    for p in range(partitions):
+        try:
+            total += consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1]
+        except KafkaException:
+            return 0  # not created yet
+    return total
+
+
+def watch_copy(
+    target: LocalCluster, remote_topic: str, workload: Workload, running: Running, timeout: float
+) -> Copy:
+    """Follow B's end offsets until `remote_topic` holds the whole workload.
+
+    Start-up (JVM, Connect worker, task assignment; Python imports, group join) is
+    excluded by timing from the first sample that sees copied records: the rate is
+    (records - records seen at that sample) / (time from that sample to the first
+    sample seeing all), so its resolution is SAMPLE_INTERVAL plus one offsets query.
+    """
+    launched = time.monotonic()
+    deadline = launched + timeout
+    consumer = clients.consumer(target.client_properties())
+    first: tuple[float, int] | None = None
+    try:
+        while True:
+            before = time.monotonic()
+            have = _remote_count(consumer, remote_topic, workload.partitions)
+            now = (before + time.monotonic()) / 2  # when the 8 queries saw the counts
+            if have and first is None:
+                first = (now, have)
+            if have >= workload.records:
+                assert first is not None
+                return Copy(first[0] - launched, now - first[0], workload.records - first[1])
+            _check_alive(running)
+            if now > deadline:
+                raise ReplicatorError(
+                    f"{running.system}: {remote_topic} on B has {have} of "
+                    f"{workload.records} records after {timeout:.0f} s"
+                )
+            time.sleep(SAMPLE_INTERVAL)
+    finally:
+        consumer.close()
+
+
+def replication_throughput(
+    system: str, workload: Workload, clusters: dict[str, LocalCluster], run_dir: Path
+) -> dict[str, Any]:
+    """`system` copying its own pre-filled copy of `workload` from A to B."""
+    source, target = clusters["A"], clusters["B"]
+    topic = bench_topic(workload, f"bench-{system}")
+    remote = f"{source.alias}.{topic}"
+    try:
+        log.info("%s: pre-filling %s on A with %s", system, topic, workload.label)
+        prefill(source, topic, workload)
+        load = os.getloadavg()[0]
+        # A slow machine still finishes: allow 2 MiB/s plus start-up.
+        timeout = 180 + workload.total_bytes / (2 * MIB)
+        # RSS is sampled from launch, so the peak covers start-up as well as the copy.
+        with (
+            replicating(system, topic, source, target, run_dir) as running,
+            PeakRss(running.pid) as rss,
+        ):
+            copy = watch_copy(target, remote, workload, running, timeout)
+        copied = sum(end_offsets(target, remote).values())
+    finally:
+        delete_topics(source, [topic])
+        delete_topics(target, [remote])
+    if copied != workload.records:
+        log.warning(
+            "%s: %s holds %d records, expected %d", system, remote, copied, workload.records
+        )
+    rate = copy.copied_in_window / copy.copy_s if copy.copy_s > 0 else None
+    return result_line(
+        system,
+        workload.label,
+        workload.records,
+        workload.record_bytes,
+        rate,
+        None if rate is None else rate * workload.record_bytes / MIB,
+        peak_rss_bytes=rss.peak_bytes,
+        startup_s=round(copy.startup_s, 2),
+        copy_s=round(copy.copy_s, 2),
+        records_on_b=copied,
+        load_1m_before=round(load, 2),
+    )
+
+
+def pipe_limit_line(workload: Workload) -> dict[str, Any]:
+    """bench.pipe_limit's measurement in this script's line format."""
+    raw = pipe_limit(workload)
+    return result_line(
+        PIPE_LIMIT,
+        workload.label,
+        workload.records,
+        workload.record_bytes,
+        raw["records_per_s"],
+        raw["mb_per_s"],
+        produce_into_b=raw["produce_into_b"],
+        consume_from_a=raw["consume_from_a"],
+        load_1m_before=raw["load_1m_before"],
+    )
+
+
+# -- latency ------------------------------------------------------------------------
+
+
+def _warm_up(source: LocalCluster, target: LocalCluster, topic: str, running: Running) -> None:
+    """Copy a few records end to end so the measurement starts on a live pipeline."""
+    producer = clients.producer(source.client_properties())
+    for i in range(WARMUP_RECORDS):
+        producer.produce(topic, b"w" * LATENCY_RECORD_BYTES, partition=i % LATENCY_PARTITIONS)
+    if producer.flush(30) != 0:
+        raise ReplicatorError(f"could not produce warm-up records into {topic} on A")
+    remote = f"{source.alias}.{topic}"
+    deadline = time.monotonic() + 180
+    while sum(end_offsets(target, remote).values()) < WARMUP_RECORDS:
+        _check_alive(running)
+        if time.monotonic() > deadline:
+            raise ReplicatorError(f"{running.system} did not copy the warm-up records of {topic}")
+        time.sleep(0.5)
+
+
+def _receive(
+    consumer: Any, records: int, deadline: float, running: Running
+) -> list[tuple[int, float]]:
+    """Consume up to `records` records; return (timestamp, latency) of each, in ms."""
+    received: list[tuple[int, float]] = []
+    while len(received) < records and time.monotonic() < deadline:
+        # consume(n, timeout) waits for n records or the timeout, which would add up to
+        # the timeout to every measured latency: take what has arrived, else wait for one.
+        batch: list[Any] = consumer.consume(1000, 0)
+        if not batch:
+            msg = consumer.poll(0.1)
+            if msg is None:
+                _check_alive(running)
+                continue
+            batch = [msg]
+        now_ms = time.time() * 1000  # the batch was all in the client by now
+        for msg in batch:
+            if msg.error():
+                raise ReplicatorError(f"consuming {msg.topic()}: {msg.error()}")
+            timestamp = msg.timestamp()[1]
+            received.append((timestamp, now_ms - timestamp))
+    return received
+
+
+def replication_latency(
+    system: str, seconds: int, clusters: dict[str, LocalCluster], run_dir: Path
+) -> dict[str, Any]:
+    """p50/p99 latency of `system` at LATENCY_RATE records/s over `seconds` seconds.
+
+    Latency of a record = wall clock when the measuring consumer on B receives it -
+    its timestamp, which the source producer sets at send time and both systems copy.
+    It therefore includes producing into A and fetching from B, the same for both.
+    """
+    source, target = clusters["A"], clusters["B"]
+    produce_s = seconds + STEADY_WARMUP_SECONDS
+    steady = Workload(LATENCY_PARTITIONS, LATENCY_RATE * produce_s, LATENCY_RECORD_BYTES)
+    topic = f"bench-latency-{system}-{uuid.uuid4().hex[:8]}"
+    remote = f"{source.alias}.{topic}"
+    label = f"{steady.partitions}p-steady-{LATENCY_RATE}rps-{steady.record_bytes}B-{seconds}s"
+    try:
+        create_topic(source, topic, steady.partitions)
+        load = os.getloadavg()[0]
+        with (
+            replicating(system, topic, source, target, run_dir) as running,
+            PeakRss(running.pid) as rss,
+        ):
+            _warm_up(source, target, topic, running)
+            consumer = clients.consumer(target.client_properties())
+            # Start after the warm-up records: only steady-rate records are measured.
+            consumer.assign(
+                [TopicPartition(remote, p, o) for p, o in end_offsets(target, remote).items()]
+            )
+            log.info(
+                "%s: producing %d records/s into %s for %d s",
+                system,
+                LATENCY_RATE,
+                topic,
+                produce_s,
+            )
+            with ThreadPoolExecutor(1) as pool:
+                produced = pool.submit(
+                    producer_performance,
+                    source,
+                    topic,
+                    steady,
+                    STEADY_PRODUCER_PROPS,
+                    LATENCY_RATE,
+                )
+                try:
+                    deadline = time.monotonic() + produce_s + 120
+                    received = _receive(consumer, steady.records, deadline, running)
+                finally:
+                    consumer.close()
+                produced.result()
+    finally:
+        delete_topics(source, [topic])
+        delete_topics(target, [remote])
+    if len(received) < steady.records:
+        raise ReplicatorError(
+            f"{system}: received {len(received)} of {steady.records} records of {remote}"
+        )
+    # Only records sent after the first STEADY_WARMUP_SECONDS count: the cold JVMs and
+    # first fetches are start-up, not the steady state.
+    cut = min(ts for ts, _ in received) + STEADY_WARMUP_SECONDS * 1000
+    latencies = sorted(latency for ts, latency in received if ts >= cut)
+    span_s = (max(ts for ts, _ in received) - cut) / 1000
+    rate = len(latencies) / span_s if span_s > 0 else None
+    return result_line(
+        system,
+        label,
+        len(latencies),
+        steady.record_bytes,
+        rate,
+        None if rate is None else rate * steady.record_bytes / MIB,
+        p50_ms=round(percentile(latencies, 0.50), 1),
+        p99_ms=round(percentile(latencies, 0.99), 1),
+        peak_rss_bytes=rss.peak_bytes,
+        max_ms=round(latencies[-1], 1),
+        load_1m_before=round(load, 2),
+    )
+
+
+# -- main ---------------------------------------------------------------------------
+
+
+def _emit(line: dict[str, Any]) -> None:
+    print(json.dumps(line), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; print one JSON line per system and workload."""
+    parser = argparse.ArgumentParser(
+        prog="bench.replication", description=(__doc__ or "").split("\n", 1)[0]
+    )
+    parser.add_argument(
+        "--workloads",
+        choices=["small", "large", "all"],
+        default="all",
+        help="throughput workloads: large = 1,000,000 x 1 KiB, small = 2,000,000 x 100 B",
+    )
+    parser.add_argument("--quick", action="store_true", help="10x fewer records (smoke run)")
+    parser.add_argument(
+        "--systems",
+        nargs="+",
+        choices=SYSTEMS,
+        default=list(SYSTEMS),
+        metavar="SYSTEM",
+        help=f"a subset of: {' '.join(SYSTEMS)} (default: all)",
+    )
+    parser.add_argument(
+        "--latency-seconds",
+        type=int,
+        default=None,
+        help=f"steady-rate run length (default {LATENCY_SECONDS}, --quick: a tenth; 0: skip)",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
+    )
+    scale = 10 if args.quick else 1
+    names = ["large", "small"] if args.workloads == "all" else [args.workloads]
+    workloads = [
+        Workload(w.partitions, w.records // scale, w.record_bytes)
+        for w in (WORKLOADS[n] for n in names)
+    ]
+    seconds = args.latency_seconds
+    if seconds is None:
+        seconds = LATENCY_SECONDS // scale
+    run_dir = logs_dir() / f"replication-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log.info("logs and configs of this run: %s", run_dir)
+
+    clusters, started = bench_clusters()
+    failures = 0
+
+    def measure(system: str, what: str, run: Callable[[], dict[str, Any]]) -> None:
+        # One failed measurement should not cost the rest of a long run.
+        nonlocal failures
+        try:
+            _emit(run())
+        except (ReplicatorError, MirrorMakerError, ToolError, TimeoutError) as e:
+            failures += 1
+            log.error("%s on %s failed: %s", system, what, e)
+            _emit({"system": system, "workload": what, "error": str(e)})
+
+    try:
+        for workload in workloads:
+            for system in (s for s in SYSTEMS if s in args.systems):
+                if system == PIPE_LIMIT:
+                    measure(system, workload.label, partial(pipe_limit_line, workload))
+                else:
+                    run = partial(replication_throughput, system, workload, clusters, run_dir)
+                    measure(system, workload.label, run)
+        if seconds > 0:
+            for system in (s for s in REPLICATORS if s in args.systems):
+                run = partial(replication_latency, system, seconds, clusters, run_dir)
+                measure(system, f"steady-{LATENCY_RATE}rps", run)
+    finally:
+        if started is not None:
+            started.down(["A", "B"])
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
