@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mm2py.formats import OffsetSync
-from mm2py.offsets import OffsetSyncStore, PartitionSyncs
+from mm2py.offsets import OffsetSyncStore, PartitionSyncs, Translation
 
 
 def _syncs(*pairs: tuple[int, int]) -> PartitionSyncs:
@@ -26,15 +26,36 @@ def test_contiguous_run_translates_exactly_from_one_sync() -> None:
 
 def test_offsets_inside_a_source_gap_go_to_the_next_copied_record() -> None:
     # Records 0..9 copied to 0..9; 10..19 aborted, 20 a marker; 21.. copied from 10.
-    syncs = _syncs((0, 0), (21, 10))
+    syncs = _syncs((0, 0), (21, 10), (30, 19))
     assert syncs.translate(9) == 9
     assert [syncs.translate(n) for n in (10, 15, 20, 21)] == [10, 10, 10, 10]
     assert syncs.translate(25) == 14
+    assert syncs.translate(31) == 20  # one past the newest sync: the next record copied
+
+
+def test_past_the_newest_sync_is_clamped_to_the_next_record_copied() -> None:
+    # The replicator copied up to source 21 (target 10); 22..29 may not be copied yet,
+    # or copied after a gap whose sync has not arrived: never skip them.
+    syncs = _syncs((0, 0), (21, 10))
+    assert syncs.translation(22) == Translation(11, exact=True)
+    assert syncs.translation(25) == Translation(11, exact=False)
+    assert syncs.translation(10**9) == Translation(11, exact=False)
+    # Once the replicator's next sync covers the offset, it is exact again.
+    syncs.add(29, 18)
+    assert syncs.translation(25) == Translation(14, exact=True)
+
+
+def test_group_at_the_head_of_an_idle_partition_is_exact() -> None:
+    # The latest copied record is synced; a group that read everything is one past it.
+    syncs = _syncs((0, 0), (41, 30))
+    assert syncs.translation(42) == Translation(31, exact=True)
 
 
 def test_before_the_first_sync_is_untranslatable() -> None:
     assert _syncs((100, 5)).translate(99) is None
     assert PartitionSyncs().translate(0) is None
+    assert PartitionSyncs().first_upstream is None
+    assert _syncs((100, 5), (200, 105)).first_upstream == 100
 
 
 def test_a_recopy_after_a_crash_supersedes_the_first_copy() -> None:
@@ -43,12 +64,46 @@ def test_a_recopy_after_a_crash_supersedes_the_first_copy() -> None:
     syncs = _syncs((0, 0), (99, 99), (50, 100))
     assert syncs.translate(49) == 49
     assert syncs.translate(50) == 100
+    assert syncs.translate(99) == 101  # not proven yet: the second copy may not be there
+    syncs.add(99, 149)  # the second run's tip sync
     assert syncs.translate(99) == 149
+    assert syncs.translate(100) == 150
+
+
+def test_syncs_in_line_with_their_neighbours_are_not_kept() -> None:
+    # A tip sync every second for a steady partition: only the ends matter.
+    syncs = _syncs(*((n * 100, n * 100) for n in range(1000)))
+    assert syncs.upstream == [0, 99_900]
+    # A discontinuity starts a new line; its tip syncs collapse again.
+    for u, d in ((100_010, 99_901), (100_020, 99_911), (100_030, 99_921)):
+        syncs.add(u, d)
+    assert list(zip(syncs.upstream, syncs.downstream, strict=True)) == [
+        (0, 0),
+        (99_900, 99_900),
+        (100_010, 99_901),
+        (100_030, 99_921),
+    ]
+    assert [syncs.translate(n) for n in (99_900, 99_950, 100_010, 100_025)] == [
+        99_900,
+        99_901,
+        99_901,
+        99_916,
+    ]
+
+
+def test_dropping_in_line_syncs_never_changes_a_translation() -> None:
+    pairs = [(0, 0), (5, 5), (9, 9), (20, 10), (25, 15), (30, 20), (31, 21), (40, 22)]
+    full = PartitionSyncs(upstream=[u for u, _ in pairs], downstream=[d for _, d in pairs])
+    compact = _syncs(*pairs)
+    assert len(compact.upstream) < len(pairs)
+    assert [compact.translation(n) for n in range(45)] == [full.translation(n) for n in range(45)]
 
 
 def test_store_keeps_partitions_apart() -> None:
     store = OffsetSyncStore()
-    store.add_all([OffsetSync("t", 0, 0, 0), OffsetSync("t", 1, 5, 0)])
+    store.add_all([OffsetSync("t", 0, 0, 0), OffsetSync("t", 0, 9, 9), OffsetSync("t", 1, 5, 0)])
     assert store.translate("t", 0, 7) == 7
-    assert store.translate("t", 1, 7) == 2
+    assert store.translate("t", 1, 5) == 0
+    assert store.translate("t", 1, 7) == 1
+    assert store.translation("t", 1, 7) == Translation(1, exact=False)
     assert store.translate("u", 0, 7) is None
