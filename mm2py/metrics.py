@@ -14,7 +14,7 @@ from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -162,5 +162,12 @@ class Metrics:
             "mm2py_errors",
             "Errors by part (source, checkpoint, heartbeat, sync).",
             ["source", "target", "part"],
+            registry=self.registry,
+        )
+        self.heartbeat_age = Gauge(
+            "mm2py_heartbeat_age_seconds",
+            "Now minus the newest heartbeat that reached `target` from `source` over `hops`"
+            " replication hops (hops=0: heartbeats emitted into `target` itself).",
+            ["source", "target", "hops"],
             registry=self.registry,
         )

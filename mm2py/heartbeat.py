@@ -1,0 +1,292 @@
+"""The heartbeat part of a pair A->B: emit heartbeats to B and watch the ones that reach B.
+
+Emitting is MM2's MirrorHeartbeatConnector/Task: every
+``emit.heartbeats.interval.seconds`` a ``Heartbeat(A, B, now)`` goes to partition 0
+of ``heartbeats`` on B, with the heartbeat's timestamp as the record timestamp.
+The topic is created on B when missing: one partition, compacted,
+``heartbeats.topic.replication.factor``. MM2 runs this for every ordered pair of
+clusters, replication enabled or not, so that ``heartbeats`` on every cluster
+keeps being written to.
+
+Watching gives multi-hop latency. ``heartbeats`` is replicated like any topic
+(``heartbeats`` on A becomes ``A.heartbeats`` on B, then ``B.A.heartbeats`` on C)
+and keeps its record timestamps, so on a cluster T the newest heartbeat of a
+heartbeats topic tells how long ago the cluster the topic comes from was last
+heard of through that path. One heartbeat part per target cluster consumes every
+heartbeats topic on T continuously and exports
+
+    mm2py_heartbeat_age_seconds{source=S, target=T, hops=N}
+
+= now minus the newest heartbeat timestamp that reached T from S over N hops,
+computed at scrape time (so it keeps growing while a path is broken).
+
+Hops are MM2's (``MirrorClient.countHopsForTopic``, used by
+``RemoteClusterUtils.replicationHops``): they come from the topic name, and the
+cluster they count from is the one where the topic's heartbeats were written —
+the innermost alias of the name, which is also the heartbeat's
+``targetClusterAlias``. So ``B.A.heartbeats`` on C is 2 hops from A (A->B->C)
+and its records are heartbeats that pairs X->A wrote into A (key ``(X, A)``);
+``A.heartbeats`` on B is 1 hop from A. The local ``heartbeats`` topic, where MM2
+would answer -1, is exported as ``source=T, hops=0``: the age of the newest
+heartbeat emitted into T itself, the floor of every other series. Two paths of the
+same length from S (A->B->D and A->C->D) share one series, the fresher one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from mm2py import clients
+from mm2py.config import ClusterConfig, FlowConfig
+from mm2py.flow import FlowRules
+from mm2py.formats import Heartbeat
+from mm2py.metrics import Metrics
+from mm2py.parts import Part
+from mm2py.policy import ReplicationPolicy, count_hops
+from mm2py.topics import ensure_internal_topic, partition_counts
+
+log = logging.getLogger(__name__)
+
+# Watching: records read back per partition when a heartbeats topic is first seen
+# (the newest heartbeat is among the last few), and the longest wait for records.
+TAIL_RECORDS = 100
+POLL_TIMEOUT = 0.2
+# How often new heartbeats topics are looked for when topic refresh is disabled.
+DEFAULT_TOPIC_REFRESH = 600.0
+STOP_FLUSH_TIMEOUT = 5.0
+
+PRODUCER_TUNING: dict[str, Any] = {"acks": "all", "linger.ms": 0}
+CONSUMER_TUNING: dict[str, Any] = {
+    "isolation.level": "read_committed",
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "fetch.wait.max.ms": 100,
+}
+
+
+@dataclass(frozen=True)
+class HeartbeatPath:
+    """Where the heartbeats of one topic come from: ``origin`` cluster, ``hops`` away."""
+
+    origin: str
+    hops: int
+
+
+def heartbeat_path(policy: ReplicationPolicy, topic: str, local_alias: str) -> HeartbeatPath | None:
+    """The path of a heartbeats topic read on cluster ``local_alias``; None for other topics.
+
+    ``heartbeats`` itself is 0 hops from ``local_alias``; a remote heartbeats topic is
+    ``count_hops`` away from its innermost source (``B.A.heartbeats``: A, 2 hops).
+    """
+    if not policy.is_heartbeats_topic(topic):
+        return None
+    origin: str | None = None
+    current = topic
+    for _ in range(len(topic) + 1):  # names shrink at every hop; the bound is a guard
+        source = policy.topic_source(current)
+        upstream = policy.upstream_topic(current)
+        if source is None or upstream is None:
+            break
+        origin = source
+        if upstream == current:
+            break
+        current = upstream
+    if origin is None:
+        return HeartbeatPath(local_alias, 0)
+    hops = count_hops(policy, topic, origin)
+    return HeartbeatPath(origin, hops) if hops > 0 else None
+
+
+class HeartbeatPart(Part):
+    """Emits the heartbeats of one pair; with ``watch``, also exports heartbeat ages on its target.
+
+    Only one heartbeat part per target cluster should watch, so that each series
+    has one writer.
+    """
+
+    name = "heartbeat"
+
+    def __init__(
+        self, flow: FlowConfig, target: ClusterConfig, metrics: Metrics, *, watch: bool
+    ) -> None:
+        super().__init__(flow, metrics)
+        self.target = target
+        self.watch = watch
+        self.rules = FlowRules(flow)
+        period = flow.settings.period("emit.heartbeats")
+        if period is None:
+            raise ValueError(f"flow {flow.name}: heartbeats are disabled; build no heartbeat part")
+        self.interval = float(period)
+        self.topic = self.rules.policy.heartbeats_topic()
+        refresh = self.rules.refresh_topics_interval
+        self.refresh_interval = refresh if refresh != float("inf") else DEFAULT_TOPIC_REFRESH
+        # Newest heartbeat timestamp (ms) per exported path; survives restarts of the part.
+        self.newest: dict[HeartbeatPath, int] = {}
+        self._paths: dict[str, HeartbeatPath] = {}  # heartbeats topic -> its path
+        self._bad_topics: set[str] = set()
+
+    # -- the loop -----------------------------------------------------------------
+
+    def run(self) -> None:
+        """Emit (and watch) until stopped. Raises on errors the daemon should restart from."""
+        self._admin = clients.admin_client(self.target.librdkafka("admin"))
+        self._ensure_topic()
+        self._producer = clients.producer(self.target.librdkafka("producer"), PRODUCER_TUNING)
+        self._consumer: Any = None
+        self._assigned: set[tuple[str, int]] = set()
+        if self.watch:
+            self._consumer = clients.consumer(self.target.librdkafka("consumer"), CONSUMER_TUNING)
+        try:
+            self._loop()
+        finally:
+            self._shutdown()
+
+    def _loop(self) -> None:
+        now = time.monotonic()
+        next_emit = now
+        next_refresh = now
+        while not self.stopping.is_set():
+            now = time.monotonic()
+            if now >= next_emit:
+                self._emit()
+                # MM2 sleeps one interval between heartbeats; never emit bursts to catch up.
+                next_emit = max(next_emit + self.interval, now)
+            if self._consumer is not None and now >= next_refresh:
+                self._refresh_topics()
+                next_refresh = now + self.refresh_interval
+            self._producer.poll(0)
+            wait = min(max(next_emit - time.monotonic(), 0.0), POLL_TIMEOUT)
+            if self._consumer is not None:
+                self._read(wait)
+            else:
+                self.stopping.wait(wait)
+
+    def _ensure_topic(self) -> None:
+        """Create ``heartbeats`` on the target as MM2 does, unless it exists.
+
+        Checking first keeps a target where the topic was made by an administrator
+        usable without the CREATE permission (MM2 also carries on there).
+        """
+        if self.topic in partition_counts(self._admin):
+            return
+        ensure_internal_topic(
+            self._admin,
+            self.flow.target,
+            self.topic,
+            1,
+            self.rules.settings.heartbeats_topic_replication_factor,
+        )
+
+    def _emit(self) -> None:
+        now_ms = int(time.time() * 1000)
+        heartbeat = Heartbeat(self.flow.source, self.flow.target, now_ms)
+        self._producer.produce(
+            self.topic,
+            heartbeat.encode_value(),
+            heartbeat.encode_key(),
+            0,
+            on_delivery=self._on_delivery,
+            timestamp=now_ms,
+        )
+
+    def _on_delivery(self, err: KafkaError | None, _msg: Any) -> None:
+        if err is None:
+            return
+        # The next heartbeat follows within one interval; a lost one is only a gap.
+        self.errors.inc()
+        log.warning(
+            "flow %s: heartbeat to %s on cluster %s not written: %s",
+            self.flow.name,
+            self.topic,
+            self.flow.target,
+            err.str(),
+        )
+
+    # -- watching -----------------------------------------------------------------
+
+    def _refresh_topics(self) -> None:
+        """Assign every partition of every heartbeats topic not read yet, at its tail."""
+        try:
+            counts = partition_counts(self._admin)
+        except KafkaException as exc:
+            log.warning("flow %s: listing topics failed, retrying later: %s", self.flow.name, exc)
+            return
+        new: list[TopicPartition] = []
+        for topic, partitions in sorted(counts.items()):
+            path = self._paths.get(topic)
+            if path is None:
+                path = heartbeat_path(self.rules.policy, topic, self.flow.target)
+                if path is None:
+                    continue
+                self._paths[topic] = path
+            for partition in range(partitions):
+                if (topic, partition) in self._assigned:
+                    continue
+                tp = TopicPartition(topic, partition)
+                try:
+                    low, high = self._consumer.get_watermark_offsets(tp, timeout=10)
+                except KafkaException as exc:
+                    log.warning("flow %s: %s-%d: %s", self.flow.name, topic, partition, exc)
+                    continue
+                new.append(TopicPartition(topic, partition, max(low, high - TAIL_RECORDS)))
+                self._assigned.add((topic, partition))
+        if new:
+            self._consumer.incremental_assign(new)
+            log.info(
+                "flow %s: watching heartbeats in %s on cluster %s",
+                self.flow.name,
+                ", ".join(f"{tp.topic}-{tp.partition}" for tp in new),
+                self.flow.target,
+            )
+
+    def _export(self, path: HeartbeatPath, timestamp_ms: int) -> None:
+        """Start the series of a path at its first heartbeat; its age is computed per scrape."""
+        newest = self.newest
+        newest[path] = timestamp_ms
+        gauge = self.metrics.heartbeat_age.labels(path.origin, self.flow.target, str(path.hops))
+        gauge.set_function(lambda: time.time() - newest[path] / 1000.0)
+
+    def _read(self, timeout: float) -> None:
+        first = self._consumer.poll(timeout)
+        if first is None:
+            return
+        msgs: list[Any] = [first, *self._consumer.consume(1000, 0)]
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if err.fatal():
+                    raise KafkaException(err)
+                log.warning("flow %s: reading heartbeats: %s", self.flow.name, err.str())
+                continue
+            topic = msg.topic()
+            try:
+                heartbeat = Heartbeat.decode(msg.key(), msg.value())
+            except ValueError as exc:
+                if topic not in self._bad_topics:
+                    self._bad_topics.add(topic)
+                    log.warning(
+                        "flow %s: skipping records of %s on cluster %s that are not heartbeats: %s",
+                        self.flow.name,
+                        topic,
+                        self.flow.target,
+                        exc,
+                    )
+                continue
+            path = self._paths[topic]
+            newest = self.newest.get(path)
+            if newest is None:
+                self._export(path, heartbeat.timestamp_ms)
+            elif heartbeat.timestamp_ms > newest:
+                self.newest[path] = heartbeat.timestamp_ms
+
+    def _shutdown(self) -> None:
+        try:
+            self._producer.flush(STOP_FLUSH_TIMEOUT)
+        finally:
+            if self._consumer is not None:
+                self._consumer.close()
