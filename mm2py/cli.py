@@ -113,7 +113,7 @@ def _load(path: Path) -> MirrorConfig:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from mm2py.daemon import Daemon, ListenError, select_flows
+    from mm2py.daemon import Daemon, ListenError, select_flows, select_heartbeat_flows
 
     config = _load(args.config)
     for alias in args.clusters or []:
@@ -128,7 +128,7 @@ def _run(args: argparse.Namespace) -> int:
     if not flows:
         print(f"mm2py: {args.config}: no enabled flow (set A->B.enabled = true)", file=sys.stderr)
         return EXIT_USAGE
-    daemon = Daemon(config, flows, args.listen)
+    daemon = Daemon(config, flows, args.listen, select_heartbeat_flows(config, args.clusters))
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)
     try:

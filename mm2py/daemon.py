@@ -13,6 +13,7 @@ from types import FrameType
 from prometheus_client import start_http_server
 
 from mm2py.config import FlowConfig, MirrorConfig
+from mm2py.heartbeat import HeartbeatPart
 from mm2py.metrics import Metrics
 from mm2py.parts import Part
 from mm2py.source import SourcePart
@@ -42,12 +43,32 @@ def select_flows(config: MirrorConfig, target_clusters: Sequence[str] | None) ->
     return flows
 
 
-def build_parts(config: MirrorConfig, flows: Sequence[FlowConfig], metrics: Metrics) -> list[Part]:
-    """Every part of every selected flow."""
+def select_heartbeat_flows(
+    config: MirrorConfig, target_clusters: Sequence[str] | None
+) -> list[FlowConfig]:
+    """The pairs that emit heartbeats (replicating or not) whose target is in `target_clusters`."""
+    flows = config.heartbeat_flows()
+    if target_clusters:
+        flows = [f for f in flows if f.target in target_clusters]
+    return flows
+
+
+def build_parts(
+    config: MirrorConfig,
+    flows: Sequence[FlowConfig],
+    metrics: Metrics,
+    heartbeat_flows: Sequence[FlowConfig] = (),
+) -> list[Part]:
+    """Every part of every selected flow, and a heartbeat part for every heartbeat pair."""
     parts: list[Part] = []
     for flow in flows:
         source, target = config.cluster(flow.source), config.cluster(flow.target)
         parts.append(SourcePart(flow, source, target, metrics))
+    watched: set[str] = set()  # one heartbeat watcher per target cluster
+    for flow in heartbeat_flows:
+        target = config.cluster(flow.target)
+        parts.append(HeartbeatPart(flow, target, metrics, watch=flow.target not in watched))
+        watched.add(flow.target)
     return parts
 
 
@@ -64,13 +85,25 @@ class Supervised:
 class Daemon:
     """Owns the parts of every selected flow for the lifetime of `mm2py run`."""
 
-    def __init__(self, config: MirrorConfig, flows: Sequence[FlowConfig], listen: str) -> None:
+    def __init__(
+        self,
+        config: MirrorConfig,
+        flows: Sequence[FlowConfig],
+        listen: str,
+        heartbeat_flows: Sequence[FlowConfig] | None = None,
+    ) -> None:
+        """`heartbeat_flows` defaults to every heartbeat pair (MM2 without --clusters)."""
         self.config = config
         self.flows = list(flows)
         self.listen = listen
         self.metrics = Metrics()
         self._stopping = threading.Event()
-        self.parts = [Supervised(part) for part in build_parts(config, self.flows, self.metrics)]
+        if heartbeat_flows is None:
+            heartbeat_flows = select_heartbeat_flows(config, None)
+        self.parts = [
+            Supervised(part)
+            for part in build_parts(config, self.flows, self.metrics, heartbeat_flows)
+        ]
 
     def request_stop(self, signum: int | None = None, _frame: FrameType | None = None) -> None:
         if signum is not None:
