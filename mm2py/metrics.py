@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import Histogram as PrometheusHistogram
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -169,5 +170,16 @@ class Metrics:
             "Now minus the newest heartbeat that reached `target` from `source` over `hops`"
             " replication hops (hops=0: heartbeats emitted into `target` itself).",
             ["source", "target", "hops"],
+            registry=self.registry,
+        )
+        # Labelled by group, not partition: one histogram per group and partition would
+        # multiply series by every partition a group reads.
+        self.checkpoint_latency = PrometheusHistogram(
+            "mm2py_checkpoint_latency_seconds",
+            "From the checkpoint part first reading a group's committed offset on `source`"
+            " to `target` acknowledging a checkpoint that translates it exactly: how far"
+            " behind the group a failover to `target` would resume.",
+            ["source", "target", "group"],
+            buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
