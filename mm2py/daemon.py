@@ -12,6 +12,7 @@ from types import FrameType
 
 from prometheus_client import start_http_server
 
+from mm2py.checkpoint import CheckpointPart
 from mm2py.config import FlowConfig, MirrorConfig
 from mm2py.heartbeat import HeartbeatPart
 from mm2py.metrics import Metrics
@@ -64,6 +65,8 @@ def build_parts(
     for flow in flows:
         source, target = config.cluster(flow.source), config.cluster(flow.target)
         parts.append(SourcePart(flow, source, target, metrics))
+        if flow.settings.period("emit.checkpoints") is not None:
+            parts.append(CheckpointPart(flow, source, target, metrics))
     watched: set[str] = set()  # one heartbeat watcher per target cluster
     for flow in heartbeat_flows:
         target = config.cluster(flow.target)

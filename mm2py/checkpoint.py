@@ -1,0 +1,597 @@
+"""The checkpoint part of a flow A->B: consumer-group positions on A, translated for B.
+
+As MM2's MirrorCheckpointConnector and MirrorCheckpointTask:
+
+- every ``refresh.groups.interval.seconds`` it lists the groups on the source that
+  pass ``groups``/``groups.exclude`` and have committed offsets for at least one
+  topic passing ``topics``/``topics.exclude``;
+- every ``emit.checkpoints.interval.seconds`` it reads those groups' committed
+  offsets, translates them with the offset syncs (tailed from
+  ``mm2-offset-syncs.<target>.internal``) and writes a checkpoint (MM2's format)
+  per remote partition to ``<source>.checkpoints.internal`` on the target;
+- with ``sync.group.offsets.enabled`` it commits the checkpoints to the same group
+  on the target every ``sync.group.offsets.interval.seconds``, but only while that
+  group has no members there and never moving it backwards.
+
+A checkpoint is written when it is the first for its group and partition, when the
+group was rewound on the source, or when its target offset is later than the last
+one: the existing checkpoints are loaded at start, so restarts never move a
+checkpoint back. Translation is exact (:mod:`mm2py.offsets`); a group ahead of
+the offset syncs gets a safe checkpoint first and an exact one once the syncs
+cover its offset.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    ConsumerGroupState,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+
+from mm2py import clients
+from mm2py.config import ClusterConfig, FlowConfig
+from mm2py.filters import should_checkpoint_group
+from mm2py.flow import FlowRules
+from mm2py.formats import Checkpoint, OffsetSync
+from mm2py.metrics import Metrics
+from mm2py.offsets import OffsetSyncStore, Translation
+from mm2py.parts import Part
+from mm2py.policy import checkpoint_topic
+from mm2py.topics import ensure_internal_topic
+
+log = logging.getLogger(__name__)
+
+ADMIN_TIMEOUT = 10.0
+POLL_TIMEOUT = 0.2
+READ_TIMEOUT = 60.0
+# How often to look again for an offset-syncs topic that does not exist yet.
+SYNCS_RETRY_INTERVAL = 2.0
+
+INTERNAL_TOPIC_CONSUMER: dict[str, Any] = {
+    "enable.partition.eof": True,
+    "auto.offset.reset": "earliest",
+    "fetch.wait.max.ms": 100,
+}
+CHECKPOINT_PRODUCER: dict[str, Any] = {"acks": "all", "linger.ms": 5}
+# The group states in which a group has no members (DEAD: unknown to the cluster).
+IDLE_GROUP_STATES = frozenset({ConsumerGroupState.EMPTY, ConsumerGroupState.DEAD})
+
+
+# ------------------------------------------------------------------ pure logic
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedOffset:
+    """A group's committed position in one source partition."""
+
+    offset: int
+    metadata: str = ""
+
+
+GroupOffsets = Mapping[tuple[str, int], CommittedOffset]
+
+
+class CheckpointStore:
+    """The latest checkpoint of every group and remote partition (MM2's CheckpointStore)."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, dict[tuple[str, int], Checkpoint]] = {}
+
+    def add(self, checkpoint: Checkpoint) -> None:
+        group = self.groups.setdefault(checkpoint.consumer_group_id, {})
+        group[(checkpoint.topic, checkpoint.partition)] = checkpoint
+
+    def get(self, group: str, topic: str, partition: int) -> Checkpoint | None:
+        return self.groups.get(group, {}).get((topic, partition))
+
+    def of_group(self, group: str) -> dict[tuple[str, int], Checkpoint]:
+        """The group's checkpoints by (remote topic, partition)."""
+        return dict(self.groups.get(group, {}))
+
+
+def is_newer(checkpoint: Checkpoint, last: Checkpoint | None) -> bool:
+    """Whether `checkpoint` replaces `last` (MM2's checkpointIsMoreRecent).
+
+    Yes for the first one, after the group was rewound on the source, and when the
+    target offset advanced; never for a target offset that would move back.
+    """
+    if last is None:
+        return True
+    if checkpoint.upstream_offset < last.upstream_offset:
+        return True
+    return checkpoint.downstream_offset > last.downstream_offset
+
+
+def translate_group(
+    group: str,
+    offsets: GroupOffsets,
+    rules: FlowRules,
+    syncs: OffsetSyncStore,
+) -> list[tuple[Checkpoint, Translation]]:
+    """Checkpoints for every committed offset of `group` that the syncs translate.
+
+    Only topics passing the topic filter are checkpointed (MM2 applies no other
+    rule here); partitions without syncs at or before the offset are left out.
+    """
+    flow = rules.flow
+    out: list[tuple[Checkpoint, Translation]] = []
+    for (topic, partition), committed in sorted(offsets.items()):
+        if not rules.topic_filter.should_replicate_topic(topic):
+            continue
+        found = syncs.translation(topic, partition, committed.offset)
+        if found is None:
+            continue
+        remote = checkpoint_topic(rules.policy, topic, flow.source, flow.target)
+        checkpoint = Checkpoint(
+            group, remote, partition, committed.offset, found.downstream, committed.metadata
+        )
+        out.append((checkpoint, found))
+    return out
+
+
+def offsets_to_sync(
+    checkpoints: Mapping[tuple[str, int], Checkpoint],
+    target_offsets: Mapping[tuple[str, int], int],
+) -> dict[tuple[str, int], Checkpoint]:
+    """The checkpoints that move a target group forward (never backwards)."""
+    return {
+        key: cp
+        for key, cp in checkpoints.items()
+        if key not in target_offsets or target_offsets[key] < cp.downstream_offset
+    }
+
+
+# ------------------------------------------------------ reading internal topics
+
+
+class TopicTail:
+    """Reads partition 0 of one of MM2's internal topics from its start, then follows it."""
+
+    def __init__(self, props: Mapping[str, str], cluster_alias: str, topic: str) -> None:
+        self.cluster_alias = cluster_alias
+        self.topic = topic
+        self._consumer: Consumer = clients.consumer(props, INTERNAL_TOPIC_CONSUMER)
+        self._assigned = False
+
+    def exists(self, timeout: float = ADMIN_TIMEOUT) -> bool:
+        meta = self._consumer.list_topics(self.topic, timeout=timeout).topics.get(self.topic)
+        return meta is not None and meta.error is None and 0 in meta.partitions
+
+    def read_to_end(
+        self,
+        on_record: Callable[[Message], None],
+        stopping: Callable[[], bool] = lambda: False,
+        timeout: float = READ_TIMEOUT,
+    ) -> None:
+        """Read every record up to the end offset the topic has now."""
+        tp = TopicPartition(self.topic, 0)
+        _low, high = self._consumer.get_watermark_offsets(tp, timeout=ADMIN_TIMEOUT)
+        self._assign()
+        position = self._consumer.position([tp])[0].offset
+        deadline = time.monotonic() + timeout
+        while position < high and not stopping():
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"reading {self.topic} on cluster {self.cluster_alias} to its end "
+                    f"(offset {high}) took over {timeout:.0f}s; stopped at {position}"
+                )
+            for msg in self._consumer.consume(1000, POLL_TIMEOUT):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        position = max(position, msg.offset() or 0, high)
+                        continue
+                    raise KafkaException(err)
+                on_record(msg)
+                position = max(position, (msg.offset() or 0) + 1)
+
+    def poll(self, on_record: Callable[[Message], None], timeout: float = POLL_TIMEOUT) -> int:
+        """Hand over what arrived since the last call (waiting up to `timeout`)."""
+        self._assign()
+        count = 0
+        for msg in self._consumer.consume(1000, timeout):
+            err = msg.error()
+            if err is None:
+                on_record(msg)
+                count += 1
+            elif err.code() != KafkaError._PARTITION_EOF:
+                raise KafkaException(err)
+        return count
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def _assign(self) -> None:
+        if not self._assigned:
+            self._consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
+            self._assigned = True
+
+
+def load_checkpoints(
+    props: Mapping[str, str],
+    cluster_alias: str,
+    topic: str,
+    keep: Callable[[Checkpoint], bool] = lambda _cp: True,
+    stopping: Callable[[], bool] = lambda: False,
+) -> dict[tuple[str, str, int], tuple[Checkpoint, int]]:
+    """The latest (checkpoint, record timestamp in ms) per (group, topic, partition).
+
+    Empty when the topic does not exist. Malformed records are skipped with a
+    warning, as MM2 does.
+    """
+    found: dict[tuple[str, str, int], tuple[Checkpoint, int]] = {}
+
+    def on_record(msg: Message) -> None:
+        try:
+            cp = Checkpoint.decode(msg.key(), msg.value())
+        except ValueError as exc:
+            log.warning("skipping %s offset %s on %s: %s", topic, msg.offset(), cluster_alias, exc)
+            return
+        if keep(cp):
+            found[(cp.consumer_group_id, cp.topic, cp.partition)] = (cp, msg.timestamp()[1])
+
+    tail = TopicTail(props, cluster_alias, topic)
+    try:
+        if tail.exists():
+            tail.read_to_end(on_record, stopping)
+    finally:
+        tail.close()
+    return found
+
+
+def read_offset_syncs(
+    props: Mapping[str, str], cluster_alias: str, topic: str
+) -> OffsetSyncStore | None:
+    """Every offset sync of `topic` in a store, or None when the topic does not exist."""
+    store = OffsetSyncStore()
+    tail = TopicTail(props, cluster_alias, topic)
+    try:
+        if not tail.exists():
+            return None
+        tail.read_to_end(lambda msg: _add_sync(store, msg))
+    finally:
+        tail.close()
+    return store
+
+
+def _add_sync(store: OffsetSyncStore, msg: Message) -> None:
+    try:
+        store.add(OffsetSync.decode(msg.key(), msg.value()))
+    except ValueError as exc:
+        log.warning("skipping offset sync at offset %s: %s", msg.offset(), exc)
+
+
+# ------------------------------------------------------------- group admin
+
+
+def list_group_offsets(
+    admin: AdminClient, groups: Iterable[str], cluster_alias: str
+) -> dict[str, dict[tuple[str, int], CommittedOffset]]:
+    """Committed offsets of each group (one request per group, all in flight at once).
+
+    A group whose offsets cannot be read is logged and left out.
+    """
+    futures: dict[str, Future[Any]] = {}
+    for group in groups:
+        request = [ConsumerGroupTopicPartitions(group)]
+        futures.update(admin.list_consumer_group_offsets(request, request_timeout=ADMIN_TIMEOUT))
+    out: dict[str, dict[tuple[str, int], CommittedOffset]] = {}
+    for group, future in futures.items():
+        try:
+            result = future.result(timeout=ADMIN_TIMEOUT + 5)
+        except (KafkaException, TimeoutError) as exc:
+            log.error("reading offsets of group %s on cluster %s: %s", group, cluster_alias, exc)
+            continue
+        out[group] = {
+            (tp.topic, tp.partition): CommittedOffset(tp.offset, tp.metadata or "")
+            for tp in result.topic_partitions or []
+            if tp.error is None and tp.offset >= 0
+        }
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class GroupActivity:
+    """Whether a group has members on a cluster."""
+
+    state: str
+    members: int
+
+    @property
+    def idle(self) -> bool:
+        return self.members == 0
+
+
+def describe_groups(
+    admin: AdminClient, groups: Iterable[str], cluster_alias: str
+) -> dict[str, GroupActivity]:
+    """State and member count of each group; groups that cannot be described are left out."""
+    wanted = list(groups)
+    if not wanted:
+        return {}
+    out: dict[str, GroupActivity] = {}
+    futures = admin.describe_consumer_groups(wanted, request_timeout=ADMIN_TIMEOUT)
+    for group, future in futures.items():
+        try:
+            desc = future.result(timeout=ADMIN_TIMEOUT + 5)
+        except (KafkaException, TimeoutError) as exc:
+            log.error("describing group %s on cluster %s: %s", group, cluster_alias, exc)
+            continue
+        members = len(desc.members or [])
+        if desc.state not in IDLE_GROUP_STATES:
+            members = max(members, 1)  # rebalancing: treat as active
+        out[group] = GroupActivity(desc.state.name, members)
+    return out
+
+
+def commit_group_offsets(admin: AdminClient, group: str, checkpoints: Iterable[Checkpoint]) -> None:
+    """Set `group`'s offsets to the checkpoints' target offsets (raises KafkaException)."""
+    partitions = [
+        TopicPartition(cp.topic, cp.partition, cp.downstream_offset, cp.metadata or None)
+        for cp in checkpoints
+    ]
+    if not partitions:
+        return
+    request = [ConsumerGroupTopicPartitions(group, partitions)]
+    result = admin.alter_consumer_group_offsets(request, request_timeout=ADMIN_TIMEOUT)[group]
+    done = result.result(timeout=ADMIN_TIMEOUT + 5)
+    failed = [tp for tp in done.topic_partitions or [] if tp.error is not None]
+    if failed:
+        raise KafkaException(failed[0].error)
+
+
+# -------------------------------------------------------------------- the part
+
+
+class CheckpointPart(Part):
+    """Writes checkpoints of one flow's consumer groups; optionally syncs group offsets."""
+
+    name = "checkpoint"
+
+    def __init__(
+        self,
+        flow: FlowConfig,
+        source: ClusterConfig,
+        target: ClusterConfig,
+        metrics: Metrics,
+    ) -> None:
+        super().__init__(flow, metrics)
+        self.rules = FlowRules(flow)
+        self.source = source
+        self.target = target
+        self.checkpoints_topic = self.rules.policy.checkpoints_topic(flow.source)
+        self.groups: set[str] = set()
+        self._latency = metrics.checkpoint_latency
+        # (group, remote topic, partition) -> when a committed offset not yet
+        # reflected by an exact checkpoint was first read.
+        self._pending: dict[tuple[str, str, int], float] = {}
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def run(self) -> None:
+        """Checkpoint until stopped. Raises on errors the daemon should restart from."""
+        s, flow = self.rules.settings, self.flow
+        self._source_admin = clients.admin_client(self.source.librdkafka("admin"))
+        self._target_admin = clients.admin_client(self.target.librdkafka("admin"))
+        ensure_internal_topic(
+            self._target_admin,
+            flow.target,
+            self.checkpoints_topic,
+            1,
+            s.checkpoints_topic_replication_factor,
+        )
+        self.store = CheckpointStore()
+        for cp, _ts in load_checkpoints(
+            self.target.librdkafka("consumer"),
+            flow.target,
+            self.checkpoints_topic,
+            stopping=self.stopping.is_set,
+        ).values():
+            self.store.add(cp)
+        self.syncs = OffsetSyncStore()
+        self._syncs_ready = False
+        syncs_cluster = self.source if self.rules.offset_syncs_on_source else self.target
+        self._producer = clients.producer(self.target.librdkafka("producer"), CHECKPOINT_PRODUCER)
+        self._sync_tail = TopicTail(
+            syncs_cluster.librdkafka("consumer"), syncs_cluster.alias, self.rules.offset_syncs_topic
+        )
+        try:
+            self._loop()
+        finally:
+            self._sync_tail.close()
+            self._producer.flush(2)
+
+    def _loop(self) -> None:
+        s = self.rules.settings
+        emit_every = s.period("emit.checkpoints") or 60
+        refresh_every = s.period("refresh.groups")
+        sync_every = s.period("sync.group.offsets")
+        now = time.monotonic()
+        next_refresh = next_emit = now
+        next_group_sync = now + (sync_every or 0)
+        next_syncs_try = now
+        while not self.stopping.is_set():
+            now = time.monotonic()
+            if not self._syncs_ready and now >= next_syncs_try:
+                self._open_syncs()
+                next_syncs_try = now + SYNCS_RETRY_INTERVAL
+            if now >= next_refresh:
+                self.groups = self._find_groups()
+                # MM2 loads the groups once even when refreshing is disabled.
+                next_refresh = now + refresh_every if refresh_every else float("inf")
+            if self._syncs_ready and now >= next_emit:
+                self._emit_checkpoints()
+                next_emit = now + emit_every
+            if sync_every and self._syncs_ready and now >= next_group_sync:
+                self._sync_group_offsets()
+                next_group_sync = now + sync_every
+            if self._syncs_ready:
+                self._sync_tail.poll(self._on_sync, POLL_TIMEOUT)
+            else:
+                self.stopping.wait(POLL_TIMEOUT)
+
+    def _open_syncs(self) -> None:
+        """Read the offset syncs to their end once; until then nothing is translated."""
+        tail = self._sync_tail
+        if not tail.exists():
+            log.info(
+                "flow %s: no offset syncs yet (%s on %s); checkpoints wait for them",
+                self.flow.name,
+                tail.topic,
+                tail.cluster_alias,
+            )
+            return
+        tail.read_to_end(self._on_sync, self.stopping.is_set)
+        self._syncs_ready = not self.stopping.is_set()
+
+    def _on_sync(self, msg: Message) -> None:
+        _add_sync(self.syncs, msg)
+
+    # -- groups ----------------------------------------------------------------
+
+    def _find_groups(self) -> set[str]:
+        """Groups passing the group filter with offsets on a topic passing the topic filter."""
+        rules, flow = self.rules, self.flow
+        try:
+            listed = self._source_admin.list_consumer_groups(request_timeout=ADMIN_TIMEOUT).result(
+                timeout=ADMIN_TIMEOUT + 5
+            )
+        except (KafkaException, TimeoutError) as exc:
+            log.warning("flow %s: listing groups on %s failed: %s", flow.name, flow.source, exc)
+            return self.groups
+        names = [
+            g.group_id
+            for g in listed.valid
+            if rules.group_filter.should_replicate_group(g.group_id)
+        ]
+        offsets = list_group_offsets(self._source_admin, names, flow.source)
+        found = {
+            group
+            for group, committed in offsets.items()
+            if should_checkpoint_group(
+                rules.group_filter, rules.topic_filter, group, (t for t, _p in committed)
+            )
+        }
+        if found != self.groups:
+            log.info(
+                "flow %s: checkpointing %d consumer groups (%d new, %d gone)",
+                flow.name,
+                len(found),
+                len(found - self.groups),
+                len(self.groups - found),
+            )
+        return found
+
+    # -- checkpoints -----------------------------------------------------------
+
+    def _emit_checkpoints(self) -> None:
+        if not self.groups:
+            return
+        listed_at = time.time()
+        offsets = list_group_offsets(self._source_admin, sorted(self.groups), self.flow.source)
+        emitted: list[tuple[Checkpoint, Translation]] = []
+        for group, committed in offsets.items():
+            for cp, found in translate_group(group, committed, self.rules, self.syncs):
+                key = (group, cp.topic, cp.partition)
+                last = self.store.get(group, cp.topic, cp.partition)
+                if is_newer(cp, last):
+                    self._pending.setdefault(key, listed_at)
+                    emitted.append((cp, found))
+                elif (
+                    last is not None
+                    and last.upstream_offset == cp.upstream_offset
+                    and last.downstream_offset == cp.downstream_offset
+                ):
+                    # Already on the target; exact now if the syncs prove it.
+                    if found.exact:
+                        self._observe(key, listed_at)
+                else:
+                    self._pending.setdefault(key, listed_at)
+        if emitted:
+            self._write(emitted, int(listed_at * 1000))
+
+    def _write(self, checkpoints: list[tuple[Checkpoint, Translation]], timestamp_ms: int) -> None:
+        failures: list[str] = []
+
+        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                failures.append(err.str())
+
+        for cp, _found in checkpoints:
+            self._producer.produce(
+                self.checkpoints_topic,
+                cp.encode_value(),
+                cp.encode_key(),
+                0,
+                on_delivery=on_delivery,
+                timestamp=timestamp_ms,
+            )
+        remaining = self._producer.flush(ADMIN_TIMEOUT)
+        if failures or remaining:
+            raise RuntimeError(
+                f"writing checkpoints to {self.checkpoints_topic} on {self.flow.target} failed: "
+                f"{failures[0] if failures else f'{remaining} not acknowledged in time'}"
+            )
+        acked = time.time()
+        for cp, found in checkpoints:
+            self.store.add(cp)
+            if found.exact:
+                self._observe((cp.consumer_group_id, cp.topic, cp.partition), acked)
+        log.debug("flow %s: wrote %d checkpoints", self.flow.name, len(checkpoints))
+
+    def _observe(self, key: tuple[str, str, int], now: float) -> None:
+        first_seen = self._pending.pop(key, None)
+        if first_seen is not None:
+            self._latency.labels(self.flow.source, self.flow.target, key[0]).observe(
+                max(now - first_seen, 0.0)
+            )
+
+    # -- group offset sync -----------------------------------------------------
+
+    def _sync_group_offsets(self) -> None:
+        """Commit checkpoints to idle groups on the target, only moving them forward."""
+        flow = self.flow
+        candidates = sorted(g for g in self.groups if self.store.groups.get(g))
+        activity = describe_groups(self._target_admin, candidates, flow.target)
+        idle = [g for g in candidates if g in activity and activity[g].idle]
+        current = list_group_offsets(self._target_admin, idle, flow.target)
+        for group in idle:
+            if group not in current:
+                continue
+            target_offsets = {key: c.offset for key, c in current[group].items()}
+            wanted = offsets_to_sync(self.store.of_group(group), target_offsets)
+            if not wanted:
+                continue
+            try:
+                commit_group_offsets(self._target_admin, group, wanted.values())
+            except (KafkaException, TimeoutError) as exc:
+                # A consumer joined since the group was described: its position wins.
+                log.warning(
+                    "flow %s: syncing offsets of group %s on %s failed: %s",
+                    flow.name,
+                    group,
+                    flow.target,
+                    exc,
+                )
+                continue
+            log.info(
+                "flow %s: synced %d offsets of group %s to %s",
+                flow.name,
+                len(wanted),
+                group,
+                flow.target,
+            )
