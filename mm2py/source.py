@@ -30,6 +30,7 @@ from mm2py.formats import OffsetSync
 from mm2py.metrics import Metrics, PartitionStats, ReplicationStats
 from mm2py.parts import Part
 from mm2py.progress import ProgressStore, SourcePartition
+from mm2py.sync import ConfigPropertyFilter, remote_topic_configs
 from mm2py.topics import (
     TopicAdminError,
     create_topic,
@@ -109,6 +110,7 @@ class SourcePart(Part):
         self.source = source
         self.target = target
         self.stats = ReplicationStats(flow.source, flow.target)
+        self._config_filter = ConfigPropertyFilter(flow.settings.config_properties_exclude)
         metrics.replication.add(self.stats)
         self._by_source: dict[SourcePartition, PartitionState] = {}
         self._by_remote: dict[tuple[str, int], PartitionState] = {}
@@ -346,17 +348,24 @@ class SourcePart(Part):
         replicated = {t: n for t, n in source_counts.items() if rt.should_replicate(t)}
         remote_of = {t: rt.remote_topic(t) for t in replicated}
         plan = plan_remote_topics({remote_of[t]: n for t, n in replicated.items()}, target_counts)
+        configs = self._creation_configs([t for t in replicated if remote_of[t] in plan.create])
         ready = set(replicated)
         for topic in replicated:
             remote = remote_of[topic]
             try:
                 if remote in plan.create:
+                    topic_configs = configs[topic]
+                    if isinstance(topic_configs, str):
+                        # Never create a remote topic without its configs: with the
+                        # target's default retention, old records would be deleted.
+                        raise TopicAdminError(f"{topic_configs}; not creating {remote} yet")
                     create_topic(
                         self._target_admin,
                         flow.target,
                         remote,
                         plan.create[remote],
                         rt.settings.replication_factor,
+                        topic_configs,
                     )
                 elif remote in plan.grow:
                     grow_topic(self._target_admin, flow.target, remote, plan.grow[remote])
@@ -392,6 +401,12 @@ class SourcePart(Part):
                 flow.name,
                 ", ".join(f"{tp.topic}-{tp.partition}" for tp in new),
             )
+
+    def _creation_configs(self, topics: list[str]) -> dict[str, dict[str, str] | str]:
+        """The synced configs new remote topics are created with (or why they are unknown)."""
+        return remote_topic_configs(
+            self._source_admin, self.flow.source, topics, self._config_filter
+        )
 
     def _await_producer_metadata(self, remote: str, partitions: int) -> None:
         """Make the producer see all partitions of a new or grown remote topic.

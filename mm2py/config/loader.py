@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from mm2py.config.client_props import to_librdkafka
 from mm2py.config.errors import ConfigError
+from mm2py.config.loops import check_identity_loops
 from mm2py.config.models import (
     FLOW_KEYS,
     TYPED_CLIENT_KEYS,
@@ -146,7 +147,7 @@ class _Builder:
             if key != "clusters":
                 self.sort(key, value)
         self.validate_settings(self.settings, {key: key for key in self.settings})
-        return MirrorConfig(
+        config = MirrorConfig(
             path=self.path,
             clusters={alias: self.cluster(alias) for alias in self.aliases},
             flows=[
@@ -156,6 +157,8 @@ class _Builder:
                 if source != target
             ],
         )
+        check_identity_loops(config)
+        return config
 
     def cluster_aliases(self, value: object) -> list[str]:
         try:
