@@ -18,6 +18,7 @@ from mm2py.heartbeat import HeartbeatPart
 from mm2py.metrics import Metrics
 from mm2py.parts import Part
 from mm2py.source import SourcePart
+from mm2py.sync import SyncPart
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,8 @@ def build_parts(
         parts.append(SourcePart(flow, source, target, metrics))
         if flow.settings.period("emit.checkpoints") is not None:
             parts.append(CheckpointPart(flow, source, target, metrics))
+        if SyncPart.wanted(flow):
+            parts.append(SyncPart(flow, source, target, metrics))
     watched: set[str] = set()  # one heartbeat watcher per target cluster
     for flow in heartbeat_flows:
         target = config.cluster(flow.target)
