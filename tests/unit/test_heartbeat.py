@@ -84,7 +84,9 @@ def test_clusters_option_limits_heartbeats_to_those_targets(tmp_path: Path) -> N
 def test_disabled_heartbeats_get_no_part(tmp_path: Path) -> None:
     config = _config(
         tmp_path,
-        "A->B.enabled = true\nemit.heartbeats.enabled = false\nC->B.emit.heartbeats.enabled = true\n",
+        "A->B.enabled = true\n"
+        "emit.heartbeats.enabled = false\n"
+        "C->B.emit.heartbeats.enabled = true\n",
     )
     parts = _heartbeat_parts(config, None)
     assert [(p.flow.name, p.watch) for p in parts] == [("C->B", True)]
