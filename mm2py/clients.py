@@ -9,10 +9,11 @@ librdkafka's own log lines go through Python logging, never to stderr.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
 log = logging.getLogger(__name__)
@@ -55,3 +56,34 @@ def describe_cluster(props: Mapping[str, str], timeout: float = 3.0) -> bool:
     except Exception:  # any failure means "not ready yet"; callers poll with a deadline
         return False
     return True
+
+
+# Errors that retrying cannot fix: wrong credentials, a certificate that does not verify.
+_ACCESS_ERRORS = frozenset(
+    {KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED, KafkaError._SSL}
+)
+
+
+def access_error(props: Mapping[str, str], timeout: float = 10.0) -> KafkaError | None:
+    """The authentication or TLS error a cluster answers with, if any.
+
+    None when the cluster answers a describe-cluster request, cannot be reached,
+    or gives no answer within `timeout`: retrying is the parts' business then.
+    librdkafka reports these errors through error_cb, served by poll().
+    """
+    errors: list[KafkaError] = []
+    admin = admin_client(props, {"error_cb": errors.append})
+    future = admin.describe_cluster(request_timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        admin.poll(0.1)
+        for err in errors:
+            # The first error tells: a refused login or certificate, or no connection.
+            return err if err.code() in _ACCESS_ERRORS else None
+        if future.done():
+            exc = future.exception()
+            failure = exc.args[0] if exc is not None and exc.args else None
+            if isinstance(failure, KafkaError) and failure.code() in _ACCESS_ERRORS:
+                return failure
+            return None
+    return None

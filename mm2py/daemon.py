@@ -6,14 +6,16 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
+from confluent_kafka import KafkaError
 from prometheus_client import start_http_server
 
+from mm2py import clients
 from mm2py.checkpoint import CheckpointPart
-from mm2py.config import FlowConfig, MirrorConfig
+from mm2py.config import ClusterConfig, FlowConfig, MirrorConfig
 from mm2py.heartbeat import HeartbeatPart
 from mm2py.metrics import Metrics
 from mm2py.parts import Part
@@ -29,6 +31,50 @@ STOP_TIMEOUT = 9.0
 
 class ListenError(RuntimeError):
     """The daemon's HTTP address cannot be bound."""
+
+
+class ClusterAccessError(RuntimeError):
+    """A cluster refuses the configured credentials or certificate; retrying cannot help."""
+
+
+def check_cluster_access(config: MirrorConfig, aliases: Iterable[str]) -> None:
+    """Raise ClusterAccessError naming the cluster if a login or TLS handshake fails.
+
+    All clusters are asked at once; unreachable ones pass (the parts retry them).
+    """
+    aliases = sorted(set(aliases))
+    found: dict[str, KafkaError | None] = {}
+
+    def ask(alias: str) -> None:
+        found[alias] = clients.access_error(config.cluster(alias).librdkafka("admin"))
+
+    askers = [threading.Thread(target=ask, args=(alias,), daemon=True) for alias in aliases]
+    for t in askers:
+        t.start()
+    for t in askers:
+        t.join()
+    for alias in aliases:
+        err = found.get(alias)
+        if err is not None:
+            raise ClusterAccessError(_access_problem(config.cluster(alias), err))
+
+
+def _access_problem(cluster: ClusterConfig, err: KafkaError) -> str:
+    """What failed and what to check, without any secret."""
+    props = cluster.librdkafka("admin")
+    if err.code() == KafkaError._SSL:
+        return (
+            f"cluster {cluster.alias}: TLS handshake failed ({err.str()}): check "
+            f"{cluster.alias}.ssl.truststore.location (or ssl.ca.location) and the brokers' "
+            "certificates"
+        )
+    mechanism = props.get("sasl.mechanism") or props.get("sasl.mechanisms") or "GSSAPI"
+    user = props.get("sasl.username")
+    who = f" as user {user}" if user else ""
+    return (
+        f"cluster {cluster.alias}: authentication failed (SASL {mechanism}{who}): check "
+        f"sasl.jaas.config (or {cluster.alias}.sasl.username and sasl.password)"
+    )
 
 
 def parse_listen(address: str) -> tuple[str, int]:
@@ -118,6 +164,10 @@ class Daemon:
 
     def run(self) -> None:
         """Start everything, supervise until a stop is requested, then stop within 10 s."""
+        check_cluster_access(
+            self.config,
+            {a for sup in self.parts for a in (sup.part.flow.source, sup.part.flow.target)},
+        )
         host, port = parse_listen(self.listen)
         try:
             server, _thread = start_http_server(port, host, registry=self.metrics.registry)
