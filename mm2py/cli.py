@@ -113,7 +113,13 @@ def _load(path: Path) -> MirrorConfig:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from mm2py.daemon import Daemon, ListenError, select_flows, select_heartbeat_flows
+    from mm2py.daemon import (
+        ClusterAccessError,
+        Daemon,
+        ListenError,
+        select_flows,
+        select_heartbeat_flows,
+    )
 
     config = _load(args.config)
     for alias in args.clusters or []:
@@ -133,7 +139,7 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, daemon.request_stop)
     try:
         daemon.run()
-    except ListenError as err:
+    except (ListenError, ClusterAccessError) as err:
         print(f"mm2py: {err}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
