@@ -166,6 +166,81 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_run)
 
 
+# -- mm2py translate-offsets -------------------------------------------------------
+
+
+def _translate_offsets(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException
+
+    from mm2py.config import ConfigError
+    from mm2py.translate import (
+        ApplyRefused,
+        apply_offsets,
+        check_aliases,
+        format_json,
+        format_text,
+        gather,
+    )
+
+    config = _load(args.config)
+    try:
+        flow = check_aliases(config, args.source, args.target)
+    except ConfigError as err:
+        print(f"mm2py: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        report = gather(config, flow, args.group, args.topic or ())
+    except (KafkaException, TimeoutError) as err:
+        print(f"mm2py: reading checkpoints on {args.target} failed: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    status = EXIT_OK if report.complete else EXIT_FAILED
+    if args.apply:
+        try:
+            apply_offsets(config, report)
+        except ApplyRefused as err:
+            print(f"mm2py: translate-offsets --apply refused: {err}", file=sys.stderr)
+            return EXIT_USAGE
+        except KafkaException as err:
+            print(
+                f"mm2py: committing offsets of group {args.group} on {args.target} failed: {err}",
+                file=sys.stderr,
+            )
+            status = EXIT_FAILED
+    sys.stdout.write(format_json(report) if args.json else format_text(report))
+    return status
+
+
+def _add_translate_offsets(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "translate-offsets",
+        help="a consumer group's positions on the target cluster, from MM2's checkpoints",
+        description=(
+            "Print, per remote topic partition, the group's upstream offset, its translated "
+            "downstream offset and the checkpoint's age, from <source>.checkpoints.internal "
+            "on the target (written by mm2py or by MirrorMaker 2). Partitions that cannot "
+            "be translated are listed with the reason. Exit status: 0 all translated, "
+            "1 something could not be translated, 2 usage error or --apply refused."
+        ),
+    )
+    p.add_argument("config", type=Path, help="mm2.properties (MM2 format) or .yaml/.yml")
+    p.add_argument("--source", required=True, help="alias of the cluster the group ran on")
+    p.add_argument("--target", required=True, help="alias of the cluster to fail over to")
+    p.add_argument("--group", required=True, help="consumer group id")
+    p.add_argument(
+        "--topic",
+        action="append",
+        help="only this topic (source or remote name); repeat for several",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.add_argument(
+        "--apply",
+        action="store_true",
+        help="commit the translated offsets to the group on the target "
+        "(refused while the group has members there)",
+    )
+    p.set_defaults(func=_translate_offsets)
+
+
 # -- mm2py demo ------------------------------------------------------------------
 
 
@@ -212,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_run(sub)
+    _add_translate_offsets(sub)
     _add_local(sub)
     _add_demo(sub)
     return parser

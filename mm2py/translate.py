@@ -1,0 +1,448 @@
+"""`mm2py translate-offsets`: a group's positions on the target, from the checkpoints.
+
+The positions come from ``<source>.checkpoints.internal`` on the target only, so
+the command works the same on a pair that real MM2 replicated. When the source
+cluster answers, the group's committed offsets there (and, to explain a missing
+checkpoint, the offset syncs) are read too, so that every partition the group
+consumes is reported: translated, translated but behind the group (stale), or
+untranslated with the reason. Nothing is left out silently.
+
+The first half of the module is pure (rows, reasons, text and JSON); the second
+half reads the clusters and applies the offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final, Literal
+
+from confluent_kafka import KafkaException
+
+from mm2py import clients
+from mm2py.checkpoint import (
+    commit_group_offsets,
+    describe_groups,
+    list_group_offsets,
+    load_checkpoints,
+    read_offset_syncs,
+)
+from mm2py.config import ConfigError, FlowConfig, MirrorConfig
+from mm2py.flow import FlowRules
+from mm2py.formats import Checkpoint
+from mm2py.offsets import OffsetSyncStore
+from mm2py.policy import ReplicationPolicy, checkpoint_topic
+
+Status = Literal["ok", "stale", "untranslated"]
+
+OK: Final = "ok"
+STALE: Final = "stale"
+UNTRANSLATED: Final = "untranslated"
+
+# ------------------------------------------------------------------ pure part
+
+
+@dataclass(frozen=True)
+class PartitionRow:
+    """One remote topic partition of the group."""
+
+    topic: str  # the remote topic, on the target
+    source_topic: str
+    partition: int
+    status: Status
+    upstream_offset: int | None = None  # the checkpoint's source offset
+    downstream_offset: int | None = None  # ... translated for the target
+    checkpoint_age_seconds: float | None = None
+    metadata: str | None = None
+    committed_on_source: int | None = None  # the group's offset on the source now, if read
+    reason: str | None = None
+
+    @property
+    def translated(self) -> bool:
+        return self.downstream_offset is not None
+
+
+@dataclass
+class Report:
+    """Everything translate-offsets found out about one group on one flow."""
+
+    source: str
+    target: str
+    group: str
+    checkpoints_topic: str
+    rows: list[PartitionRow] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # the group as a whole
+    notes: list[str] = field(default_factory=list)  # worth knowing, not failures
+    applied: int | None = None  # offsets committed with --apply
+
+    @property
+    def complete(self) -> bool:
+        """Every partition translated and nothing wrong with the group."""
+        return not self.problems and all(row.translated for row in self.rows)
+
+
+@dataclass(frozen=True)
+class SourceView:
+    """What the source cluster says about the group (when it answers)."""
+
+    committed: Mapping[tuple[str, int], int]  # (source topic, partition) -> offset
+    syncs: OffsetSyncStore | None = None  # None: not read or not there
+    syncs_problem: str | None = None
+
+
+def source_topic_of(policy: ReplicationPolicy, remote: str, source: str, target: str) -> str:
+    """The source topic a checkpoint's remote topic stands for (inverse of checkpoint_topic)."""
+    if policy.topic_source(remote) == source:
+        return policy.upstream_topic(remote) or remote
+    # A topic that came from the target to the source is checkpointed under its
+    # original name (MirrorCheckpointTask.renameTopicPartition).
+    return policy.format_remote_topic(target, remote)
+
+
+def build_report(
+    rules: FlowRules,
+    group: str,
+    checkpoints: Mapping[tuple[str, int], tuple[Checkpoint, int]],
+    now_ms: int,
+    source_view: SourceView | None = None,
+    source_problem: str | None = None,
+    topics: Sequence[str] = (),
+    checkpoints_topic_exists: bool = True,
+) -> Report:
+    """Rows for every checkpointed partition and every partition the group committed on.
+
+    `checkpoints` maps (remote topic, partition) to (checkpoint, record timestamp in
+    ms). `source_view` is None when the source was not read, with `source_problem`
+    saying why. `topics` keeps only these topics (source or remote names).
+    """
+    flow = rules.flow
+    s = rules.settings
+    cp_topic = rules.policy.checkpoints_topic(flow.source)
+    report = Report(flow.source, flow.target, group, cp_topic)
+    wanted = set(topics)
+
+    def keep(source_topic: str, remote: str) -> bool:
+        return not wanted or source_topic in wanted or remote in wanted
+
+    committed = dict(source_view.committed) if source_view else {}
+    remote_of = {
+        t: checkpoint_topic(rules.policy, t, flow.source, flow.target) for t, _p in committed
+    }
+    seen: set[tuple[str, int]] = set()
+    for (remote, partition), (cp, ts) in sorted(checkpoints.items()):
+        source_topic = source_topic_of(rules.policy, remote, flow.source, flow.target)
+        if not keep(source_topic, remote):
+            continue
+        seen.add((source_topic, partition))
+        now_offset = committed.get((source_topic, partition))
+        status: Status = OK
+        reason = None
+        if source_view is not None:
+            if now_offset is None:
+                status, reason = STALE, f"the group has no committed offset here on {flow.source}"
+            elif now_offset > cp.upstream_offset:
+                status = STALE
+                reason = (
+                    f"the group has committed {now_offset} on {flow.source} since; the next "
+                    f"checkpoint (every {s.emit_checkpoints_interval_seconds}s) catches up"
+                )
+            elif now_offset < cp.upstream_offset:
+                status = STALE
+                reason = f"the group was rewound to {now_offset} on {flow.source} since"
+        report.rows.append(
+            PartitionRow(
+                remote,
+                source_topic,
+                partition,
+                status,
+                cp.upstream_offset,
+                cp.downstream_offset,
+                max(now_ms - ts, 0) / 1000.0,
+                cp.metadata,
+                now_offset,
+                reason,
+            )
+        )
+    if source_view is not None:
+        for (source_topic, partition), offset in sorted(committed.items()):
+            remote = remote_of[source_topic]
+            if (source_topic, partition) in seen or not keep(source_topic, remote):
+                continue
+            report.rows.append(
+                PartitionRow(
+                    remote,
+                    source_topic,
+                    partition,
+                    UNTRANSLATED,
+                    committed_on_source=offset,
+                    reason=_why_untranslated(rules, source_view, source_topic, partition, offset),
+                )
+            )
+        report.rows.sort(key=lambda r: (r.topic, r.partition))
+    filtered = bool(wanted) and bool(checkpoints or committed)
+    _group_findings(
+        report, rules, group, source_view, source_problem, checkpoints_topic_exists, filtered
+    )
+    if not report.rows and filtered:
+        report.problems.append(
+            f"no partition of group {group} belongs to --topic {', '.join(sorted(wanted))}"
+        )
+    return report
+
+
+def _why_untranslated(
+    rules: FlowRules, view: SourceView, topic: str, partition: int, offset: int
+) -> str:
+    flow, s = rules.flow, rules.settings
+    if not rules.should_replicate(topic):
+        return (
+            f"{topic} is not replicated by {flow.name} (topics, topics.exclude, "
+            "internal topic or cycle)"
+        )
+    if view.syncs is None:
+        return "no checkpoint, and the offset syncs could not be read: " + (
+            view.syncs_problem or "unknown reason"
+        )
+    syncs = view.syncs.partitions.get((topic, partition))
+    first = syncs.first_upstream if syncs else None
+    if first is None:
+        return (
+            f"no offset syncs for {topic}-{partition}: none of its records has been replicated yet"
+        )
+    if offset < first:
+        return (
+            f"committed offset {offset} is older than the oldest offset sync ({first}): "
+            "those records were not replicated, or their offset syncs are gone"
+        )
+    return (
+        f"not checkpointed yet: checkpoints are written every "
+        f"{s.emit_checkpoints_interval_seconds}s by the checkpoint part of {flow.name}"
+    )
+
+
+def _group_findings(
+    report: Report,
+    rules: FlowRules,
+    group: str,
+    view: SourceView | None,
+    source_problem: str | None,
+    topic_exists: bool,
+    filtered: bool,
+) -> None:
+    flow = rules.flow
+    where = f"{report.checkpoints_topic} on {flow.target}"
+    if not topic_exists:
+        report.problems.append(
+            f"{where} does not exist: no checkpoint was ever written for {flow.name}"
+        )
+    if not rules.group_filter.should_replicate_group(group):
+        report.problems.append(
+            f"group {group} is excluded by groups / groups.exclude of {flow.name}: "
+            "no checkpoints are written for it"
+        )
+    if view is None:
+        report.notes.append(
+            f"{flow.source} not read ({source_problem or 'skipped'}): partitions without a "
+            "checkpoint cannot be listed, and checkpoints are not compared with the group's "
+            "current offsets"
+        )
+    if not report.rows and topic_exists and not filtered:
+        if view is not None and not view.committed:
+            report.problems.append(
+                f"group {group} has no committed offsets on {flow.source} and no checkpoints "
+                f"in {where}"
+            )
+        else:
+            report.problems.append(f"no checkpoints for group {group} in {where}")
+
+
+def format_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h{minutes:02d}m"
+    return f"{hours // 24}d{hours % 24:02d}h"
+
+
+def format_text(report: Report) -> str:
+    """A table for people: one line per remote topic partition, then problems and notes."""
+
+    def cell(value: int | None) -> str:
+        return "-" if value is None else str(value)
+
+    header = ("TOPIC", "PARTITION", "UPSTREAM", "DOWNSTREAM", "AGE", "STATUS", "NOTE")
+    table = [
+        (
+            row.topic,
+            str(row.partition),
+            cell(row.upstream_offset),
+            cell(row.downstream_offset),
+            format_age(row.checkpoint_age_seconds),
+            row.status,
+            row.reason or "",
+        )
+        for row in report.rows
+    ]
+    widths = [max(len(line[i]) for line in [header, *table]) for i in range(len(header) - 1)]
+    lines = [
+        f"group {report.group}: {report.source} -> {report.target} "
+        f"(checkpoints in {report.checkpoints_topic} on {report.target})"
+    ]
+    for line in [header, *table] if table else []:
+        cells = [c.ljust(w) for c, w in zip(line[:-1], widths, strict=True)]
+        lines.append("  ".join([*cells, line[-1]]).rstrip())
+    lines += [f"problem: {p}" for p in report.problems]
+    lines += [f"note: {n}" for n in report.notes]
+    translated = sum(1 for row in report.rows if row.translated)
+    lines.append(
+        f"{translated} of {len(report.rows)} partitions translated"
+        + ("" if report.applied is None else f"; {report.applied} offsets applied")
+    )
+    return "\n".join(lines) + "\n"
+
+
+def to_json(report: Report) -> dict[str, Any]:
+    """The report as plain JSON values (stable keys, for scripts)."""
+    data = asdict(report)
+    data["complete"] = report.complete
+    return data
+
+
+def format_json(report: Report) -> str:
+    return json.dumps(to_json(report), indent=2) + "\n"
+
+
+# ---------------------------------------------------------------- cluster I/O
+
+
+class ApplyRefused(RuntimeError):
+    """--apply would change the offsets of a group that has members on the target."""
+
+
+def gather(
+    config: MirrorConfig,
+    flow: FlowConfig,
+    group: str,
+    topics: Sequence[str] = (),
+    now: Callable[[], float] = time.time,
+) -> Report:
+    """Read the checkpoints (and the source, if it answers) and build the report.
+
+    Raises KafkaException when the target cannot be read.
+    """
+    rules = FlowRules(flow)
+    target = config.cluster(flow.target)
+    cp_topic = rules.policy.checkpoints_topic(flow.source)
+    target_props = target.librdkafka("consumer")
+    exists = _topic_exists(target_props, cp_topic)
+    checkpoints = {
+        (cp.topic, cp.partition): (cp, ts)
+        for (g, _t, _p), (cp, ts) in load_checkpoints(
+            target_props, flow.target, cp_topic, keep=lambda cp: cp.consumer_group_id == group
+        ).items()
+        if g == group
+    }
+    view, problem = _read_source(config, rules, group)
+    return build_report(
+        rules,
+        group,
+        checkpoints,
+        int(now() * 1000),
+        view,
+        problem,
+        topics,
+        exists,
+    )
+
+
+def _topic_exists(props: Mapping[str, str], topic: str) -> bool:
+    consumer = clients.consumer(props)
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        return meta is not None and meta.error is None
+    finally:
+        consumer.close()
+
+
+def _read_source(
+    config: MirrorConfig, rules: FlowRules, group: str
+) -> tuple[SourceView | None, str | None]:
+    flow = rules.flow
+    source = config.cluster(flow.source)
+    if not clients.describe_cluster(source.librdkafka("admin"), timeout=5):
+        return None, f"cluster {flow.source} does not answer"
+    admin = clients.admin_client(source.librdkafka("admin"))
+    offsets = list_group_offsets(admin, [group], flow.source)
+    if group not in offsets:
+        return None, f"the offsets of group {group} could not be read"
+    committed = {key: c.offset for key, c in offsets[group].items()}
+    syncs: OffsetSyncStore | None = None
+    syncs_problem = None
+    # The syncs only explain partitions without a checkpoint: read them only then.
+    if committed:
+        holder = source if rules.offset_syncs_on_source else config.cluster(flow.target)
+        try:
+            syncs = read_offset_syncs(
+                holder.librdkafka("consumer"), holder.alias, rules.offset_syncs_topic
+            )
+            if syncs is None:
+                syncs_problem = f"{rules.offset_syncs_topic} does not exist on {holder.alias}"
+        except (KafkaException, TimeoutError) as exc:
+            syncs_problem = f"reading {rules.offset_syncs_topic} on {holder.alias}: {exc}"
+    return SourceView(committed, syncs, syncs_problem), None
+
+
+def apply_offsets(config: MirrorConfig, report: Report) -> int:
+    """Commit the translated offsets to the group on the target; return how many.
+
+    Raises ApplyRefused when the group has members there (their positions would
+    be overwritten under them), KafkaException when the commit fails.
+    """
+    target = config.cluster(report.target)
+    admin = clients.admin_client(target.librdkafka("admin"))
+    activity = describe_groups(admin, [report.group], report.target).get(report.group)
+    if activity is None:
+        raise ApplyRefused(
+            f"cannot tell whether group {report.group} has members on {report.target}: "
+            "describing it failed (see the log); nothing applied"
+        )
+    if not activity.idle:
+        raise ApplyRefused(
+            f"group {report.group} has {activity.members} active member(s) on {report.target} "
+            f"(state {activity.state}); stop its consumers there first: --apply only sets the "
+            "offsets of a group without members"
+        )
+    offsets = [
+        Checkpoint(
+            report.group,
+            row.topic,
+            row.partition,
+            row.upstream_offset or 0,
+            row.downstream_offset,
+            row.metadata or "",
+        )
+        for row in report.rows
+        if row.downstream_offset is not None
+    ]
+    commit_group_offsets(admin, report.group, offsets)
+    report.applied = len(offsets)
+    return len(offsets)
+
+
+def check_aliases(config: MirrorConfig, source: str, target: str) -> FlowConfig:
+    """The flow source->target; ConfigError naming the bad option otherwise."""
+    for option, alias in (("--source", source), ("--target", target)):
+        if alias not in config.clusters:
+            known = ", ".join(config.clusters)
+            raise ConfigError(config.path, option, f"unknown cluster {alias!r}; known: {known}")
+    if source == target:
+        raise ConfigError(config.path, "--target", "must differ from --source")
+    return config.flow(source, target)
