@@ -531,11 +531,12 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
 
     def measure(system: str, what: str, run: Callable[[], dict[str, Any]]) -> None:
-        # One failed measurement should not cost the rest of a long run.
+        # One failed measurement should not cost the rest of a long run (KafkaException
+        # too: on shared clusters, another user's test may restart one).
         nonlocal failures
         try:
             _emit(run())
-        except (ReplicatorError, MirrorMakerError, ToolError, TimeoutError) as e:
+        except (ReplicatorError, MirrorMakerError, ToolError, TimeoutError, KafkaException) as e:
             failures += 1
             log.error("%s on %s failed: %s", system, what, e)
             _emit({"system": system, "workload": what, "error": str(e)})
