@@ -3,6 +3,10 @@
 Each cluster lives in `<state dir>/<alias>/`: its server.properties, data, log,
 the PID of the JVM we started and, for secured clusters, the SCRAM users. `down`
 only ever signals PIDs recorded there.
+
+A cluster is plain (PLAINTEXT), secured (SASL_PLAINTEXT with SCRAM-SHA-512 and
+the StandardAuthorizer) or secured over TLS (SASL_SSL, from PEM files the caller
+makes: the broker's key and certificate chain, and the CA clients trust).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +31,8 @@ from mm2py.local.jars import cache_root, java_command
 log = logging.getLogger(__name__)
 
 # Fixed ports so configs/ and the README can name them.
-BROKER_PORTS = {"A": 19092, "B": 29092, "C": 39092, "D": 49092, "E": 59092}
+# F is above Linux's ephemeral range (32768-60999), so no client socket takes its port.
+BROKER_PORTS = {"A": 19092, "B": 29092, "C": 39092, "D": 49092, "E": 59092, "F": 61092}
 SCRAM_MECHANISM = "SCRAM-SHA-512"
 SCRAM_USERS = ("admin", "alice", "bob")
 STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
@@ -43,6 +48,17 @@ def default_state_dir() -> Path:
 
 
 @dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for a SASL_SSL listener."""
+
+    keystore: Path  # the broker's private key (unencrypted PKCS#8) and certificate chain
+    ca: Path  # the CA certificate that clients verify the broker with
+
+    def as_json(self) -> dict[str, str]:
+        return {"keystore": str(self.keystore), "ca": str(self.ca)}
+
+
+@dataclass(frozen=True)
 class LocalCluster:
     """One local cluster as recorded on disk."""
 
@@ -51,6 +67,13 @@ class LocalCluster:
     secure: bool
     home: Path
     users: dict[str, str] = field(default_factory=dict, repr=False)
+    tls: TlsFiles | None = None
+
+    @property
+    def security_protocol(self) -> str:
+        if self.tls is not None:
+            return "SASL_SSL"
+        return "SASL_PLAINTEXT" if self.secure else "PLAINTEXT"
 
     @property
     def bootstrap_servers(self) -> str:
@@ -70,19 +93,21 @@ class LocalCluster:
         if self.secure:
             props.update(
                 {
-                    "security.protocol": "SASL_PLAINTEXT",
+                    "security.protocol": self.security_protocol,
                     "sasl.mechanism": SCRAM_MECHANISM,
                     "sasl.username": user,
                     "sasl.password": self.users[user],
                 }
             )
+        if self.tls is not None:
+            props["ssl.ca.location"] = str(self.tls.ca)
         return props
 
 
 def server_properties(cluster: LocalCluster) -> str:
     """The broker+controller configuration of a local cluster (pure)."""
     port, cport = cluster.port, cluster.controller_port
-    listener = "SASL_PLAINTEXT" if cluster.secure else "PLAINTEXT"
+    listener = cluster.security_protocol
     lines = [
         "process.roles=broker,controller",
         "node.id=1",
@@ -114,10 +139,19 @@ def server_properties(cluster: LocalCluster) -> str:
         lines += [
             f"sasl.enabled.mechanisms={SCRAM_MECHANISM}",
             f"sasl.mechanism.inter.broker.protocol={SCRAM_MECHANISM}",
-            f"listener.name.sasl_plaintext.{SCRAM_MECHANISM.lower()}.sasl.jaas.config={jaas}",
+            f"listener.name.{listener.lower()}.{SCRAM_MECHANISM.lower()}.sasl.jaas.config={jaas}",
             f"authorizer.class.name={STANDARD_AUTHORIZER}",
             "super.users=User:admin;User:ANONYMOUS",
             "allow.everyone.if.no.acl.found=false",
+        ]
+    if cluster.tls is not None:
+        # Kafka reads PEM stores directly (KIP-651); the key must be unencrypted PKCS#8.
+        lines += [
+            "ssl.keystore.type=PEM",
+            f"ssl.keystore.location={cluster.tls.keystore}",
+            "ssl.truststore.type=PEM",
+            f"ssl.truststore.location={cluster.tls.ca}",
+            "ssl.client.auth=none",
         ]
     return "\n".join(lines) + "\n"
 
@@ -139,12 +173,14 @@ class LocalKafka:
         if not meta.exists():
             raise LocalClusterError(f"no local cluster {alias!r} under {self.state_dir}")
         data = json.loads(meta.read_text())
+        tls = data.get("tls")
         return LocalCluster(
             alias=alias,
             port=int(data["port"]),
             secure=bool(data["secure"]),
             home=self._home(alias),
             users=dict(data.get("users", {})),
+            tls=TlsFiles(Path(tls["keystore"]), Path(tls["ca"])) if tls else None,
         )
 
     def known(self) -> list[LocalCluster]:
@@ -179,10 +215,16 @@ class LocalKafka:
         aliases: Iterable[str],
         secure: Iterable[str] = (),
         timeout: float = 90.0,
+        tls: Mapping[str, TlsFiles] | None = None,
     ) -> list[LocalCluster]:
-        """Start the clusters that do not run yet and wait until all answer."""
+        """Start the clusters that do not run yet and wait until all answer.
+
+        Clusters in `secure` get SCRAM users and ACLs; those in `tls` as well, and
+        their listener is SASL_SSL with the given PEM files.
+        """
         aliases = list(aliases)
-        secure_set = set(secure)
+        tls = dict(tls or {})
+        secure_set = set(secure) | set(tls)
         started: dict[str, subprocess.Popen[bytes]] = {}
         for alias in aliases:
             if alias not in BROKER_PORTS:
@@ -191,32 +233,40 @@ class LocalKafka:
                 )
             if self.is_running(alias):
                 recorded = self.cluster(alias)
-                if recorded.secure != (alias in secure_set):
-                    want = "secured" if alias in secure_set else "plain"
+                if recorded.secure != (alias in secure_set) or recorded.tls != tls.get(alias):
+                    want = (
+                        "with these TLS files"
+                        if alias in tls
+                        else "secured"
+                        if alias in secure_set
+                        else "plain"
+                    )
                     raise LocalClusterError(
                         f"cluster {alias} already runs but not {want}; run `mm2py local down` first"
                     )
                 continue
-            started[alias] = self._launch(alias, alias in secure_set)
+            started[alias] = self._launch(alias, alias in secure_set, tls.get(alias))
         deadline = time.monotonic() + timeout
         clusters = [self.cluster(a) for a in aliases]
         for cluster in clusters:
             self._wait_ready(cluster, deadline, started.get(cluster.alias))
         return clusters
 
-    def _launch(self, alias: str, secure: bool) -> subprocess.Popen[bytes]:
+    def _launch(self, alias: str, secure: bool, tls: TlsFiles | None) -> subprocess.Popen[bytes]:
         home = self._home(alias)
         shutil.rmtree(home, ignore_errors=True)
         (home / "logs").mkdir(parents=True)
         users = {u: secrets.token_urlsafe(12) for u in SCRAM_USERS} if secure else {}
-        cluster = LocalCluster(alias, BROKER_PORTS[alias], secure, home, users)
+        cluster = LocalCluster(alias, BROKER_PORTS[alias], secure, home, users, tls)
         for port in (cluster.port, cluster.controller_port):
             if _port_open(port):
                 raise LocalClusterError(
                     f"port {port} for cluster {alias} is taken by another process; "
                     "stop it or use `mm2py local down`"
                 )
-        meta = {"port": cluster.port, "secure": secure, "users": users}
+        meta: dict[str, object] = {"port": cluster.port, "secure": secure, "users": users}
+        if tls is not None:
+            meta["tls"] = tls.as_json()
         meta_file = home / "cluster.json"
         meta_file.write_text(json.dumps(meta, indent=2))
         meta_file.chmod(0o600)
