@@ -30,6 +30,7 @@ from mm2py.checkpoint import (
     read_offset_syncs,
 )
 from mm2py.config import ConfigError, FlowConfig, MirrorConfig
+from mm2py.config.models import FlowSettings
 from mm2py.flow import FlowRules
 from mm2py.formats import Checkpoint
 from mm2py.offsets import OffsetSyncStore
@@ -151,6 +152,8 @@ def build_report(
             elif now_offset < cp.upstream_offset:
                 status = STALE
                 reason = f"the group was rewound to {now_offset} on {flow.source} since"
+            elif source_view.syncs is not None:
+                status, reason = _check_exact(source_view.syncs, cp, source_topic, s)
         report.rows.append(
             PartitionRow(
                 remote,
@@ -190,6 +193,28 @@ def build_report(
             f"no partition of group {group} belongs to --topic {', '.join(sorted(wanted))}"
         )
     return report
+
+
+def _check_exact(
+    syncs: OffsetSyncStore, cp: Checkpoint, source_topic: str, s: FlowSettings
+) -> tuple[Status, str | None]:
+    """Whether the offset syncs confirm a checkpoint that is at the group's offset.
+
+    A checkpoint written before the replicator's syncs reached the group's offset
+    is a safe position, not the exact one; a better checkpoint follows.
+    """
+    found = syncs.translation(source_topic, cp.partition, cp.upstream_offset)
+    if found is None:
+        return OK, None
+    later = f"; the next checkpoint (every {s.emit_checkpoints_interval_seconds}s) improves it"
+    if not found.exact:
+        return STALE, (
+            f"not exact yet: the offset syncs do not reach {cp.upstream_offset} yet "
+            "(the replicator is behind the group)" + later
+        )
+    if found.downstream > cp.downstream_offset:
+        return STALE, f"the offset syncs now translate to {found.downstream}" + later
+    return OK, None
 
 
 def _why_untranslated(
@@ -386,7 +411,7 @@ def _read_source(
     committed = {key: c.offset for key, c in offsets[group].items()}
     syncs: OffsetSyncStore | None = None
     syncs_problem = None
-    # The syncs only explain partitions without a checkpoint: read them only then.
+    # The syncs confirm checkpoints and explain missing ones.
     if committed:
         holder = source if rules.offset_syncs_on_source else config.cluster(flow.target)
         try:

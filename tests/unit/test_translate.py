@@ -199,3 +199,16 @@ def test_ages_read_at_a_glance() -> None:
         "5h01m",
         "3d01h",
     ]
+
+
+def test_the_offset_syncs_confirm_a_checkpoint_or_say_a_better_one_is_coming() -> None:
+    cps = _checkpoints(("A.t", 0, 50, 1, 1), ("A.t", 1, 50, 40, 1), ("A.t", 2, 50, 50, 1))
+    view = SourceView(
+        {("t", 0): 50, ("t", 1): 50, ("t", 2): 50},
+        _syncs(("t", 0, 0, 0), ("t", 1, 0, 0), ("t", 1, 60, 60), ("t", 2, 0, 0), ("t", 2, 49, 49)),
+    )
+    first, second, third = build_report(_rules(), "g", cps, NOW_MS, view).rows
+    # Written while the replicator was behind the group: safe, not yet exact.
+    assert (first.status, "not exact yet" in (first.reason or "")) == ("stale", True)
+    assert (second.status, "now translate to 50" in (second.reason or "")) == ("stale", True)
+    assert (third.status, third.reason) == ("ok", None)
