@@ -340,10 +340,7 @@ def describe_groups(
 
 def commit_group_offsets(admin: AdminClient, group: str, checkpoints: Iterable[Checkpoint]) -> None:
     """Set `group`'s offsets to the checkpoints' target offsets (raises KafkaException)."""
-    partitions = [
-        TopicPartition(cp.topic, cp.partition, cp.downstream_offset, cp.metadata or None)
-        for cp in checkpoints
-    ]
+    partitions = [_topic_partition(cp) for cp in checkpoints]
     if not partitions:
         return
     request = [ConsumerGroupTopicPartitions(group, partitions)]
@@ -352,6 +349,13 @@ def commit_group_offsets(admin: AdminClient, group: str, checkpoints: Iterable[C
     failed = [tp for tp in done.topic_partitions or [] if tp.error is not None]
     if failed:
         raise KafkaException(failed[0].error)
+
+
+def _topic_partition(cp: Checkpoint) -> TopicPartition:
+    # TopicPartition takes no None for metadata: leave it out when there is none.
+    if cp.metadata:
+        return TopicPartition(cp.topic, cp.partition, cp.downstream_offset, cp.metadata)
+    return TopicPartition(cp.topic, cp.partition, cp.downstream_offset)
 
 
 # -------------------------------------------------------------------- the part
