@@ -160,9 +160,9 @@ class HeartbeatPart(Part):
                 self._refresh_topics()
                 next_refresh = now + self.refresh_interval
             self._producer.poll(0)
-            wait = min(max(next_emit - time.monotonic(), 0.0), POLL_TIMEOUT)
+            wait = max(next_emit - time.monotonic(), 0.0)
             if self._consumer is not None:
-                self._read(wait)
+                self._read(min(wait, POLL_TIMEOUT))
             else:
                 self.stopping.wait(wait)
 
