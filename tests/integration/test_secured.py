@@ -1,0 +1,172 @@
+"""Replication between secured clusters configured from an MM2 file with sasl.jaas.config.
+
+D and E run SASL_PLAINTEXT with SCRAM-SHA-512 and the StandardAuthorizer; F runs
+SASL_SSL with a CA and broker certificate this module makes with `openssl`.
+Passwords must appear nowhere: not in the daemon's log, errors or /metrics.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mm2py.local.launcher import LocalCluster, TlsFiles
+from tests.conftest import Clusters
+from tests.daemon_harness import mm2_properties, running_daemon
+from tests.integration.test_sync import SCRAM, secured_properties
+from tests.kafka_helpers import create_topic, produce, read_all, topic_names, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_ca(folder: Path, name: str) -> tuple[Path, Path]:
+    """A self-signed CA: (certificate, key) in PEM."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _openssl(
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        "-subj", f"/CN={name}", "-keyout", "ca.key", "-out", "ca.pem",
+        cwd=folder,
+    )  # fmt: skip
+    return folder / "ca.pem", folder / "ca.key"
+
+
+def make_tls_files(folder: Path) -> TlsFiles:
+    """A test CA and a broker certificate for 127.0.0.1 signed by it (unencrypted PKCS#8 key)."""
+    ca, ca_key = make_ca(folder, "mm2py test CA")
+    (folder / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    _openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+        "-keyout", "broker.key", "-out", "broker.csr",
+        cwd=folder,
+    )  # fmt: skip
+    _openssl(
+        "x509", "-req", "-in", "broker.csr", "-CA", str(ca), "-CAkey", str(ca_key),
+        "-CAcreateserial", "-days", "2", "-extfile", "san.cnf", "-out", "broker.pem",
+        cwd=folder,
+    )  # fmt: skip
+    keystore = folder / "keystore.pem"
+    keystore.write_text((folder / "broker.key").read_text() + (folder / "broker.pem").read_text())
+    return TlsFiles(keystore, ca)
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(
+    clusters: Clusters, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalCluster]:
+    """Cluster F with a SASL_SSL listener and a CA made here; stopped after the module."""
+    files = make_tls_files(tmp_path_factory.mktemp("tls"))
+    kafka = clusters.kafka
+    kafka.down(["F"])  # it may run with the files of an earlier session
+    cluster = kafka.up(["F"], tls={"F": files})[0]
+    try:
+        yield cluster
+    finally:
+        kafka.down(["F"])
+
+
+def _copy_and_check_secrets(
+    source: LocalCluster, target: LocalCluster, config: Path, topic: str, secrets: list[str]
+) -> None:
+    sent = [
+        (0, f"k{i}".encode(), f"v{i}".encode(), [("h", b"x")], 1_700_000_000_000 + i)
+        for i in range(50)
+    ]
+    produce(source, topic, sent)
+    remote = f"{source.alias}.{topic}"
+    with running_daemon(config) as daemon:
+        copied = wait_until(
+            lambda: (
+                read_all(target, remote, expected=50) if remote in topic_names(target) else None
+            ),
+            timeout=60,
+            what=f"records in {remote} on {target.alias}",
+        )
+        assert [r.content() for r in copied] == [r.content() for r in read_all(source, topic)]
+        exposed = daemon.log() + daemon.metrics()
+    assert "mm2py_records_total" in exposed
+    for secret in secrets:
+        assert secret not in exposed
+
+
+def test_scram_clusters_replicate_from_a_jaas_config(
+    clusters: Clusters, unique: str, tmp_path: Path
+) -> None:
+    d, e = clusters["D"], clusters["E"]
+    create_topic(d, unique)
+    config = tmp_path / "mm2.properties"
+    config.write_text(secured_properties(d, e, unique))
+    _copy_and_check_secrets(d, e, config, unique, [d.users["admin"], e.users["admin"]])
+
+
+def test_tls_source_replicates_with_the_test_ca(
+    clusters: Clusters, tls_cluster: LocalCluster, unique: str, tmp_path: Path
+) -> None:
+    f, e = tls_cluster, clusters["E"]
+    assert f.client_properties()["security.protocol"] == "SASL_SSL"
+    create_topic(f, unique)
+    config = tmp_path / "mm2.properties"
+    assert f.tls is not None
+    config.write_text(
+        secured_properties(
+            f,
+            e,
+            unique,
+            **{"F.ssl.truststore.type": "PEM", "F.ssl.truststore.location": str(f.tls.ca)},
+        )
+    )
+    _copy_and_check_secrets(f, e, config, unique, [f.users["admin"], e.users["admin"]])
+
+
+@pytest.mark.parametrize("case", ["wrong-password", "unknown-ca"])
+def test_a_refused_login_or_certificate_is_a_clear_error_naming_the_cluster(
+    clusters: Clusters,
+    tls_cluster: LocalCluster,
+    unique: str,
+    tmp_path: Path,
+    case: str,
+) -> None:
+    e = clusters["E"]
+    wrong = f"not-the-password-{uuid.uuid4().hex}"
+    source = tls_cluster if case == "unknown-ca" else clusters["D"]
+    alias = source.alias
+    extra = {
+        f"{alias}.security.protocol": source.security_protocol,
+        f"{alias}.sasl.mechanism": "SCRAM-SHA-512",
+        f"{alias}.sasl.jaas.config": (
+            f'{SCRAM} required username="alice" password="{wrong}";'
+            if case == "wrong-password"
+            else f'{SCRAM} required username="alice" password="{source.users["alice"]}";'
+        ),
+        "E.security.protocol": "SASL_PLAINTEXT",
+        "E.sasl.mechanism": "SCRAM-SHA-512",
+        "E.sasl.jaas.config": f'{SCRAM} required username="admin" password="{e.users["admin"]}";',
+    }
+    if case == "unknown-ca":
+        other_ca, _key = make_ca(tmp_path / "other", "some other CA")
+        extra[f"{alias}.ssl.truststore.type"] = "PEM"
+        extra[f"{alias}.ssl.truststore.location"] = str(other_ca)
+    config = tmp_path / "mm2.properties"
+    config.write_text(mm2_properties(source, e, unique, **extra))
+    with running_daemon(config) as daemon:
+        code = daemon.proc.wait(30)  # exits: not a hang
+        log = daemon.log()
+    assert code == 1
+    if case == "wrong-password":
+        message = (
+            "mm2py: cluster D: authentication failed (SASL SCRAM-SHA-512 as user alice): "
+            "check sasl.jaas.config"
+        )
+    else:
+        message = "mm2py: cluster F: TLS handshake failed ("
+    assert message in log
+    assert "Traceback" not in log
+    for secret in (wrong, source.users["alice"], e.users["admin"]):
+        assert secret not in log
