@@ -188,3 +188,29 @@ def test_candidates_come_from_literal_beginnings_and_endings() -> None:
     assert "orders.eu-" in names and "orders.eu-x" in names
     assert "x-events" in names
     assert "a" in names and "ax" in names
+
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.mark.parametrize(
+    ("name", "flows", "policy"),
+    [
+        ("active-active", ["A->B", "B->A"], "DefaultReplicationPolicy"),
+        ("fan-in", ["A->C", "B->C"], "DefaultReplicationPolicy"),
+        ("chain", ["A->B", "B->C"], "DefaultReplicationPolicy"),
+        ("identity", ["A->B"], "IdentityReplicationPolicy"),
+        ("secured", ["D->E"], "DefaultReplicationPolicy"),
+    ],
+)
+def test_example_configs_load(name: str, flows: list[str], policy: str) -> None:
+    config = load_config(CONFIGS / f"{name}.properties")
+    assert [f.name for f in config.enabled_flows()] == flows
+    assert {f.settings.replication_policy_class for f in config.enabled_flows()} == {policy}
+
+
+def test_secured_example_maps_the_jaas_line_to_librdkafka() -> None:
+    props = load_config(CONFIGS / "secured.properties").cluster("D").librdkafka("admin")
+    assert props["security.protocol"] == "SASL_PLAINTEXT"
+    assert props["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert (props["sasl.username"], props["sasl.password"]) == ("admin", "change-me")
