@@ -235,7 +235,11 @@ def test_oversized_record_stops_its_partition_with_a_clear_error(
     records = [(0, None, b"s" * 100)] * 5 + [(0, None, b"L" * 20_000)] + [(0, None, b"t")] * 5
     records += [(1, None, f"{i}".encode()) for i in range(50)]
     produce(cluster_a, unique, records)
-    with running_daemon(_config(tmp_path, cluster_a, cluster_b, unique)) as daemon:
+    # Config sync would reset the remote topic's max.message.bytes to the source's.
+    config = _config(
+        tmp_path, cluster_a, cluster_b, unique, **{"sync.topic.configs.enabled": "false"}
+    )
+    with running_daemon(config) as daemon:
         copied = _copied(cluster_b, f"A.{unique}", 50)
         assert [r.value for r in copied if r.partition == 1] == [f"{i}".encode() for i in range(50)]
         wait_until(lambda: f"{unique}-0 offset 5" in daemon.log(), what="error naming the record")
