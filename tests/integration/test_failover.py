@@ -1,0 +1,475 @@
+"""Proof by failover: a group that moves from A to B with translated offsets sees every
+record once — none twice, none missed — in every case exact translation must cover.
+
+Each case produces numbered records to A, lets a consumer group read part of them
+there and commit, fails the group over to B with `mm2py translate-offsets --apply`
+(which reads only the checkpoints on B), and reads the rest on B. The scenario
+code is replicator-agnostic: bench/failover_mm2.py runs the same cases against the
+real MirrorMaker 2 and prints its duplicates and gaps.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+
+from mm2py import clients
+from mm2py.config import load_config
+from mm2py.local.launcher import LocalCluster
+from mm2py.translate import gather
+from tests.conftest import Clusters
+from tests.daemon_harness import RunningDaemon, mm2_properties, running_daemon
+from tests.kafka_helpers import create_topic, end_offsets, produce, read_all, wait_until
+
+pytestmark = pytest.mark.integration
+
+# --------------------------------------------------------------------- scenario
+
+
+@dataclass
+class Outcome:
+    """What a failover gave: the verdict is duplicates == gaps == 0."""
+
+    case: str
+    consumed_on_a: int
+    expected_on_b: int
+    read_on_b: int = 0
+    duplicates: int = 0
+    gaps: int = 0
+    translated: bool = True  # every partition had a checkpoint at the group's offset
+    notes: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        extra = "" if self.translated else " (no checkpoint at the group's offset)"
+        return (
+            f"{self.case:<14} consumed on A {self.consumed_on_a:>6}, expected on B "
+            f"{self.expected_on_b:>6}, read on B {self.read_on_b:>6}: "
+            f"duplicates {self.duplicates}, gaps {self.gaps}{extra}"
+        )
+
+
+def numbered(start: int, count: int, partitions: int = 1) -> list[tuple[int, bytes, bytes]]:
+    """Records whose value is their number; keyed so compaction keeps them apart."""
+    return [
+        (n % partitions, f"k{n}".encode(), str(n).encode()) for n in range(start, start + count)
+    ]
+
+
+def produce_transactions(a: LocalCluster, topic: str, batches: int, size: int) -> set[bytes]:
+    """Every third transaction aborted; return the committed values."""
+    producer = Producer(dict(a.client_properties(), **{"transactional.id": f"tx-{topic}"}))
+    producer.init_transactions(30)
+    committed: set[bytes] = set()
+    n = 0
+    for batch in range(batches):
+        producer.begin_transaction()
+        values = [str(n + i).encode() for i in range(size)]
+        n += size
+        for value in values:
+            producer.produce(topic, value=value, partition=0)
+        if batch % 3 == 1:
+            producer.abort_transaction(30)
+        else:
+            producer.commit_transaction(30)
+            committed.update(values)
+    return committed
+
+
+def consume_and_commit(
+    a: LocalCluster, topic: str, group: str, count: int | None = None, seconds: float = 0.0
+) -> tuple[list[bytes], dict[int, int]]:
+    """Read `count` records (or for `seconds`) as `group` on A, commit, leave the group."""
+    consumer = clients.consumer(
+        a.client_properties(),
+        {
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        },
+    )
+    consumer.subscribe([topic])
+    values: list[bytes] = []
+    positions: dict[int, int] = {}
+    deadline = time.monotonic() + (seconds or 60)
+    started = None
+    try:
+        while (count is None or len(values) < count) and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error() is not None:
+                continue
+            if started is None and seconds:
+                started = time.monotonic()
+                deadline = started + seconds
+            values.append(msg.value() or b"")
+            positions[msg.partition() or 0] = (msg.offset() or 0) + 1
+        assert count is None or len(values) == count, f"read {len(values)} of {count} on A"
+        consumer.commit(
+            offsets=[TopicPartition(topic, p, o) for p, o in positions.items()],
+            asynchronous=False,
+        )
+    finally:
+        consumer.close()
+    return values, positions
+
+
+def wait_copied(b: LocalCluster, remote: str, counts: dict[int, int], timeout: float = 60) -> None:
+    """Until the remote topic holds `counts` records per partition (targets are dense)."""
+
+    def probe() -> bool:
+        try:
+            ends = end_offsets(b, remote)
+        except Exception:  # not created yet
+            return False
+        return all(ends.get(p, 0) >= n for p, n in counts.items())
+
+    wait_until(probe, timeout=timeout, what=f"{counts} records in {remote}")
+
+
+def fail_over(
+    config: Path,
+    group: str,
+    topic: str,
+    positions: dict[int, int],
+    exact: bool = True,
+    timeout: float = 30,
+) -> bool:
+    """Wait for checkpoints at the group's offsets, then `translate-offsets --apply`.
+
+    With `exact`, wait until translate-offsets confirms every partition (status ok);
+    otherwise (real MM2) only until the checkpoints reach the group's offsets, and
+    apply whatever is there after `timeout`. Returns whether they reached them.
+    """
+    mirror = load_config(config)
+    flow = mirror.flow("A", "B")
+
+    def ready() -> bool:
+        try:
+            report = gather(mirror, flow, group, [topic])
+        except (KafkaException, TimeoutError):
+            return False  # e.g. a broker restarting under another test: ask again
+        rows = {r.partition: r for r in report.rows if r.translated}
+        return all(
+            p in rows and rows[p].upstream_offset == o and (rows[p].status == "ok" or not exact)
+            for p, o in positions.items()
+        )
+
+    try:
+        wait_until(ready, timeout=timeout, interval=0.5, what=f"checkpoints of {group}")
+        reached = True
+    except AssertionError:
+        if exact:
+            raise
+        reached = False
+    cmd = [sys.executable, "-m", "mm2py.cli", "translate-offsets", str(config)]
+    cmd += ["--source", "A", "--target", "B", "--group", group, "--topic", topic]
+    done = subprocess.run([*cmd, "--apply", "--json"], capture_output=True, text=True)
+    assert done.returncode in (0, 1), done.stderr
+    if reached:
+        assert json.loads(done.stdout)["applied"] == len(positions)
+    return reached
+
+
+def read_rest_on_b(
+    b: LocalCluster, remote: str, group: str, expected: set[bytes], timeout: float = 60
+) -> list[bytes]:
+    """Read as `group` on B from its committed offsets until every expected value came
+    and every partition is at its end (so that duplicates before them are seen too)."""
+    consumer = clients.consumer(
+        b.client_properties(),
+        {
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        },
+    )
+    consumer.subscribe([remote])
+    values: list[bytes] = []
+    missing = set(expected)
+    at_end: set[int] = set()
+    quiet_since = time.monotonic()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            msgs = consumer.consume(5000, 0.2)
+            for msg in msgs:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        at_end.add(msg.partition() or 0)
+                    continue
+                at_end.discard(msg.partition() or 0)
+                value = msg.value() or b""
+                values.append(value)
+                missing.discard(value)
+                quiet_since = time.monotonic()
+            assigned = {tp.partition for tp in consumer.assignment()}
+            if not missing and assigned and at_end >= assigned:
+                break
+            if missing == set() and time.monotonic() - quiet_since > 5:
+                break
+    finally:
+        consumer.close()
+    return values
+
+
+def score(case: str, consumed: list[bytes], valid: set[bytes], read: list[bytes]) -> Outcome:
+    """Duplicates: records read on B that A already delivered, or read twice on B."""
+    rest = valid - set(consumed)
+    seen = set(read)
+    return Outcome(
+        case,
+        len(consumed),
+        len(rest),
+        len(read),
+        duplicates=len(read) - len(seen) + len(seen & set(consumed)),
+        gaps=len(rest - seen),
+    )
+
+
+def run_config(tmp: Path, a: LocalCluster, b: LocalCluster, prefix: str, **extra: str) -> Path:
+    path = tmp / f"{prefix}.properties"
+    path.write_text(mm2_properties(a, b, f"{prefix}-.*", groups=f"{prefix}-.*", **extra))
+    return path
+
+
+# Each case below takes a `Replicator`-shaped fixture: a config path on which a
+# replicator (mm2py here, real MM2 in the bench) is running, and the clusters.
+
+
+@dataclass
+class Replicator:
+    a: LocalCluster
+    b: LocalCluster
+    config: Path
+    prefix: str
+    exact: bool = True  # mm2py: wait for exact checkpoints; MM2: take what comes
+
+    def names(self, case: str) -> tuple[str, str, str]:
+        topic = f"{self.prefix}-{case}"
+        return topic, f"A.{topic}", f"{topic}-group"
+
+
+def case_head(r: Replicator) -> Outcome:
+    """Live traffic: the group reads at the head, fails over while producing goes on."""
+    topic, remote, group = r.names("head")
+    partitions = 3
+    create_topic(r.a, topic, partitions=partitions)
+    stop = threading.Event()
+    produced = [0]
+
+    def traffic() -> None:
+        producer = clients.producer(r.a.client_properties(), {"linger.ms": 5})
+        while not stop.is_set():
+            for p, k, v in numbered(produced[0], 100, partitions):
+                producer.produce(topic, value=v, key=k, partition=p)
+            produced[0] += 100
+            producer.poll(0)
+            time.sleep(0.05)
+        producer.flush(30)
+
+    thread = threading.Thread(target=traffic, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: produced[0] >= 1000, what="traffic")
+        consumed, positions = consume_and_commit(r.a, topic, group, seconds=2.0)
+        reached = fail_over(r.config, group, topic, positions, r.exact)
+        time.sleep(1.0)  # traffic keeps flowing after the failover
+    finally:
+        stop.set()
+        thread.join(30)
+    valid = {str(n).encode() for n in range(produced[0])}
+    read = read_rest_on_b(r.b, remote, group, valid - set(consumed))
+    out = score("head", consumed, valid, read)
+    out.translated = reached
+    return out
+
+
+def case_far_behind(r: Replicator) -> Outcome:
+    """The group committed at 10 of 100,000 records."""
+    topic, remote, group = r.names("far-behind")
+    create_topic(r.a, topic)
+    total = 100_000
+    produce(r.a, topic, numbered(0, total), overrides={"linger.ms": 20})
+    consumed, positions = consume_and_commit(r.a, topic, group, count=10)
+    wait_copied(r.b, remote, {0: total})
+    reached = fail_over(r.config, group, topic, positions, r.exact)
+    valid = {str(n).encode() for n in range(total)}
+    out = score(
+        "far-behind", consumed, valid, read_rest_on_b(r.b, remote, group, valid - set(consumed))
+    )
+    out.translated = reached
+    return out
+
+
+def case_idle(r: Replicator) -> Outcome:
+    """The topic went quiet; the group read all of it; records come again after failover."""
+    topic, remote, group = r.names("idle")
+    create_topic(r.a, topic)
+    produce(r.a, topic, numbered(0, 1000))
+    wait_copied(r.b, remote, {0: 1000})
+    time.sleep(2.0)  # idle: nothing produced, nothing copied
+    consumed, positions = consume_and_commit(r.a, topic, group, count=1000)
+    reached = fail_over(r.config, group, topic, positions, r.exact)
+    produce(r.a, topic, numbered(1000, 100))
+    valid = {str(n).encode() for n in range(1100)}
+    out = score("idle", consumed, valid, read_rest_on_b(r.b, remote, group, valid - set(consumed)))
+    out.translated = reached
+    return out
+
+
+def case_transactional(r: Replicator) -> Outcome:
+    """Aborted transactions and markers leave gaps on A that B does not have."""
+    topic, remote, group = r.names("transactional")
+    create_topic(r.a, topic)
+    valid = produce_transactions(r.a, topic, batches=30, size=10)
+    wait_copied(r.b, remote, {0: len(valid)})
+    consumed, positions = consume_and_commit(r.a, topic, group, count=95)
+    reached = fail_over(r.config, group, topic, positions, r.exact)
+    read = read_rest_on_b(r.b, remote, group, valid - set(consumed))
+    out = score("transactional", consumed, valid, read)
+    out.translated = reached
+    return out
+
+
+COMPACTED_CONFIG = {
+    "cleanup.policy": "compact",
+    "segment.ms": "100",
+    "min.cleanable.dirty.ratio": "0.001",
+    "min.compaction.lag.ms": "0",
+    "delete.retention.ms": "100",
+}
+
+
+def compact_on_a(a: LocalCluster, topic: str, timeout: float = 60) -> set[bytes]:
+    """Produce keys that repeat until the broker's cleaner removed old ones; return survivors."""
+    create_topic(a, topic, config=COMPACTED_CONFIG)
+    records = [(0, f"k{n % 50}".encode(), str(n).encode()) for n in range(500)]
+    produce(a, topic, records)
+
+    rolls = iter(range(1_000_000))
+
+    def compacted() -> set[bytes] | None:
+        # A record after segment.ms rolls the segment, so that the cleaner may take it.
+        produce(a, topic, [(0, b"roll", f"roll-{next(rolls)}".encode())])
+        survivors = read_all(a, topic)
+        return {r.value or b"" for r in survivors} if len(survivors) < 400 else None
+
+    return wait_until(compacted, timeout=timeout, interval=1.0, what=f"compaction of {topic}")
+
+
+def case_compacted(r: Replicator) -> Outcome:
+    """Compacted on A before it was copied: its offsets have gaps, B's have none."""
+    topic, remote, group = r.names("compacted")
+    wait_copied(r.b, remote, {0: len(read_all(r.a, topic))})
+    consumed, positions = consume_and_commit(r.a, topic, group, count=20)
+    reached = fail_over(r.config, group, topic, positions, r.exact)
+    valid = {r.value or b"" for r in read_all(r.a, topic)}
+    read = read_rest_on_b(r.b, remote, group, valid - set(consumed))
+    out = score("compacted", consumed, valid, read)
+    out.translated = reached
+    return out
+
+
+def case_restart(r: Replicator, start: Callable[[], AbstractContextManager[Any]]) -> Outcome:
+    """Half copied, the replicator restarted; the group commits right after the restart,
+    at an offset only the syncs written before the restart translate."""
+    topic, remote, group = r.names("restart")
+    create_topic(r.a, topic)
+    produce(r.a, topic, numbered(0, 500))
+    with start():
+        wait_copied(r.b, remote, {0: 500})
+        time.sleep(1.5)  # the replicator syncs and records its progress
+    produce(r.a, topic, numbered(500, 500))
+    with start():
+        consumed, positions = consume_and_commit(r.a, topic, group, count=300)
+        wait_copied(r.b, remote, {0: 1000})
+        reached = fail_over(r.config, group, topic, positions, r.exact)
+    valid = {str(n).encode() for n in range(1000)}
+    out = score(
+        "restart", consumed, valid, read_rest_on_b(r.b, remote, group, valid - set(consumed))
+    )
+    out.translated = reached
+    return out
+
+
+@contextmanager
+def mm2py_daemon(config: Path) -> Iterator[RunningDaemon]:
+    """`mm2py run`, stopped gracefully at the end."""
+    with running_daemon(config) as daemon:
+        yield daemon
+        assert daemon.stop()[0] == 0
+
+
+# ------------------------------------------------------------------------ tests
+
+
+@pytest.fixture(scope="module")
+def replicated(
+    clusters: Clusters, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Replicator, RunningDaemon]]:
+    """One mm2py daemon for the cases that need no restart of their own."""
+    a, b = clusters["A"], clusters["B"]
+    prefix = f"failover-{uuid.uuid4().hex[:8]}"
+    config = run_config(tmp_path_factory.mktemp("failover"), a, b, prefix)
+    with mm2py_daemon(config) as daemon:
+        yield Replicator(a, b, config, prefix), daemon
+
+
+def _assert_exact(out: Outcome) -> None:
+    print(out.line())
+    assert out.translated
+    assert (out.duplicates, out.gaps) == (0, 0), out.line()
+    assert out.read_on_b == out.expected_on_b
+
+
+def test_failover_at_the_head_under_live_traffic(
+    replicated: tuple[Replicator, RunningDaemon],
+) -> None:
+    _assert_exact(case_head(replicated[0]))
+
+
+def test_failover_of_a_group_far_behind(replicated: tuple[Replicator, RunningDaemon]) -> None:
+    out = case_far_behind(replicated[0])
+    _assert_exact(out)
+    assert out.read_on_b == 99_990
+
+
+def test_failover_on_an_idle_topic(replicated: tuple[Replicator, RunningDaemon]) -> None:
+    _assert_exact(case_idle(replicated[0]))
+
+
+def test_failover_on_a_transactional_topic(replicated: tuple[Replicator, RunningDaemon]) -> None:
+    _assert_exact(case_transactional(replicated[0]))
+
+
+def test_failover_on_a_topic_compacted_before_it_was_copied(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path
+) -> None:
+    prefix = f"failover-c-{uuid.uuid4().hex[:8]}"
+    compact_on_a(cluster_a, f"{prefix}-compacted")
+    config = run_config(tmp_path, cluster_a, cluster_b, prefix)
+    with mm2py_daemon(config):
+        _assert_exact(case_compacted(Replicator(cluster_a, cluster_b, config, prefix)))
+
+
+def test_failover_right_after_the_replicator_restarts(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path
+) -> None:
+    prefix = f"failover-r-{uuid.uuid4().hex[:8]}"
+    config = run_config(tmp_path, cluster_a, cluster_b, prefix)
+    replicator = Replicator(cluster_a, cluster_b, config, prefix)
+    _assert_exact(case_restart(replicator, lambda: mm2py_daemon(config)))
