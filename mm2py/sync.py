@@ -143,12 +143,12 @@ def config_changes(
         if not _syncable(entry, prop_filter):
             continue
         there = current.get(entry.name)
+        # The remote topic's own value; None when it follows the target's defaults.
         override = there.value if there is not None and there.source == SOURCE_TOPIC else None
-        overridden = there is not None and there.source == SOURCE_TOPIC
         if entry.is_default:
-            if overridden:
+            if override is not None:
                 to_delete.append(entry.name)
-        elif entry.value is not None and (not overridden or override != entry.value):
+        elif entry.value is not None and entry.value != override:
             to_set[entry.name] = entry.value
     return ConfigChanges(to_set, tuple(to_delete))
 
@@ -388,9 +388,15 @@ class SyncPart(Part):
 
     def _replicated_remote_topics(self) -> dict[str, str]:
         """Source topic -> remote topic, for replicated topics whose remote topic exists."""
-        rt = self.rules
-        source_topics = partition_counts(self._source_admin)
-        target_topics = partition_counts(self._target_admin)
+        rt, flow = self.rules, self.flow
+        try:
+            source_topics = partition_counts(self._source_admin)
+        except KafkaException as exc:
+            raise SyncError(f"listing topics on {flow.source} failed: {_reason(exc)}") from None
+        try:
+            target_topics = partition_counts(self._target_admin)
+        except KafkaException as exc:
+            raise SyncError(f"listing topics on {flow.target} failed: {_reason(exc)}") from None
         pairs = {t: rt.remote_topic(t) for t in source_topics if rt.should_replicate(t)}
         return {t: r for t, r in pairs.items() if r in target_topics}
 
