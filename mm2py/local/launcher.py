@@ -277,6 +277,7 @@ class LocalKafka:
         return self._spawn(cluster)
 
     def _spawn(self, cluster: LocalCluster) -> subprocess.Popen[bytes]:
+        _reserve_ports(cluster.port, cluster.controller_port)
         logs = cluster.home / "logs"
         cmd = java_command("kafka.Kafka", str(cluster.home / "server.properties"), logs_dir=logs)
         with open(logs / "stdout.log", "ab") as out:
@@ -366,6 +367,25 @@ def _cluster_id() -> str:
     import base64
 
     return base64.urlsafe_b64encode(secrets.token_bytes(16)).decode().rstrip("=")
+
+
+RESERVED_PORTS = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
+
+
+def _reserve_ports(*ports: int) -> None:
+    """Keep the kernel from handing our listener ports to outgoing connections.
+
+    Ports 39092 and up fall inside Linux's ephemeral range (32768-60999): a
+    client socket that happens to take one makes the broker's bind fail. As
+    root we reserve them; elsewhere this is skipped and the rare clash remains.
+    """
+    try:
+        current = RESERVED_PORTS.read_text().strip()
+        wanted = [str(p) for p in ports if str(p) not in current.split(",")]
+        if wanted:
+            RESERVED_PORTS.write_text(",".join(filter(None, [current, *wanted])))
+    except OSError:
+        log.debug("cannot reserve ports %s; continuing without", ports)
 
 
 def _port_open(port: int) -> bool:
