@@ -37,6 +37,8 @@ pytestmark = pytest.mark.integration
 
 # --------------------------------------------------------------------- scenario
 
+SETTLE = 5.0
+
 
 @dataclass
 class Outcome:
@@ -138,22 +140,21 @@ def wait_copied(b: LocalCluster, remote: str, counts: dict[int, int], timeout: f
     wait_until(probe, timeout=timeout, what=f"{counts} records in {remote}")
 
 
-def fail_over(
-    config: Path,
-    group: str,
-    topic: str,
-    positions: dict[int, int],
-    exact: bool = True,
-    timeout: float = 30,
-) -> bool:
+def fail_over(r: Replicator, group: str, topic: str, positions: dict[int, int]) -> bool:
     """Wait for checkpoints at the group's offsets, then `translate-offsets --apply`.
 
-    With `exact`, wait until translate-offsets confirms every partition (status ok);
+    With `r.exact`, wait until translate-offsets confirms every partition (status ok);
     otherwise (real MM2) only until the checkpoints reach the group's offsets, and
-    apply whatever is there after `timeout`. Returns whether they reached them.
+    apply whatever is there after `r.checkpoint_timeout`. Returns whether they did.
     """
+    config, exact, timeout = r.config, r.exact, r.checkpoint_timeout
     mirror = load_config(config)
     flow = mirror.flow("A", "B")
+
+    # Without an exactness check (MM2), take the checkpoints once they have stayed the
+    # same for SETTLE seconds: MM2's best translation, not its first.
+    last: dict[int, int | None] = {}
+    since = [time.monotonic()]
 
     def ready() -> bool:
         try:
@@ -161,10 +162,18 @@ def fail_over(
         except (KafkaException, TimeoutError):
             return False  # e.g. a broker restarting under another test: ask again
         rows = {r.partition: r for r in report.rows if r.translated}
-        return all(
+        reached = all(
             p in rows and rows[p].upstream_offset == o and (rows[p].status == "ok" or not exact)
             for p, o in positions.items()
         )
+        if exact or not reached:
+            return reached
+        now = {p: rows[p].downstream_offset for p in positions}
+        if now != last:
+            last.clear()
+            last.update(now)
+            since[0] = time.monotonic()
+        return time.monotonic() - since[0] >= SETTLE
 
     try:
         wait_until(ready, timeout=timeout, interval=0.5, what=f"checkpoints of {group}")
@@ -172,7 +181,7 @@ def fail_over(
     except AssertionError:
         if exact:
             raise
-        reached = False
+        reached = bool(last)
     cmd = [sys.executable, "-m", "mm2py.cli", "translate-offsets", str(config)]
     cmd += ["--source", "A", "--target", "B", "--group", group, "--topic", topic]
     done = subprocess.run([*cmd, "--apply", "--json"], capture_output=True, text=True)
@@ -257,6 +266,7 @@ class Replicator:
     config: Path
     prefix: str
     exact: bool = True  # mm2py: wait for exact checkpoints; MM2: take what comes
+    checkpoint_timeout: float = 30.0
 
     def names(self, case: str) -> tuple[str, str, str]:
         topic = f"{self.prefix}-{case}"
@@ -286,7 +296,7 @@ def case_head(r: Replicator) -> Outcome:
     try:
         wait_until(lambda: produced[0] >= 1000, what="traffic")
         consumed, positions = consume_and_commit(r.a, topic, group, seconds=2.0)
-        reached = fail_over(r.config, group, topic, positions, r.exact)
+        reached = fail_over(r, group, topic, positions)
         time.sleep(1.0)  # traffic keeps flowing after the failover
     finally:
         stop.set()
@@ -306,7 +316,7 @@ def case_far_behind(r: Replicator) -> Outcome:
     produce(r.a, topic, numbered(0, total), overrides={"linger.ms": 20})
     consumed, positions = consume_and_commit(r.a, topic, group, count=10)
     wait_copied(r.b, remote, {0: total})
-    reached = fail_over(r.config, group, topic, positions, r.exact)
+    reached = fail_over(r, group, topic, positions)
     valid = {str(n).encode() for n in range(total)}
     out = score(
         "far-behind", consumed, valid, read_rest_on_b(r.b, remote, group, valid - set(consumed))
@@ -323,7 +333,7 @@ def case_idle(r: Replicator) -> Outcome:
     wait_copied(r.b, remote, {0: 1000})
     time.sleep(2.0)  # idle: nothing produced, nothing copied
     consumed, positions = consume_and_commit(r.a, topic, group, count=1000)
-    reached = fail_over(r.config, group, topic, positions, r.exact)
+    reached = fail_over(r, group, topic, positions)
     produce(r.a, topic, numbered(1000, 100))
     valid = {str(n).encode() for n in range(1100)}
     out = score("idle", consumed, valid, read_rest_on_b(r.b, remote, group, valid - set(consumed)))
@@ -338,7 +348,7 @@ def case_transactional(r: Replicator) -> Outcome:
     valid = produce_transactions(r.a, topic, batches=30, size=10)
     wait_copied(r.b, remote, {0: len(valid)})
     consumed, positions = consume_and_commit(r.a, topic, group, count=95)
-    reached = fail_over(r.config, group, topic, positions, r.exact)
+    reached = fail_over(r, group, topic, positions)
     read = read_rest_on_b(r.b, remote, group, valid - set(consumed))
     out = score("transactional", consumed, valid, read)
     out.translated = reached
@@ -376,7 +386,7 @@ def case_compacted(r: Replicator) -> Outcome:
     topic, remote, group = r.names("compacted")
     wait_copied(r.b, remote, {0: len(read_all(r.a, topic))})
     consumed, positions = consume_and_commit(r.a, topic, group, count=20)
-    reached = fail_over(r.config, group, topic, positions, r.exact)
+    reached = fail_over(r, group, topic, positions)
     valid = {r.value or b"" for r in read_all(r.a, topic)}
     read = read_rest_on_b(r.b, remote, group, valid - set(consumed))
     out = score("compacted", consumed, valid, read)
@@ -397,7 +407,7 @@ def case_restart(r: Replicator, start: Callable[[], AbstractContextManager[Any]]
     with start():
         consumed, positions = consume_and_commit(r.a, topic, group, count=300)
         wait_copied(r.b, remote, {0: 1000})
-        reached = fail_over(r.config, group, topic, positions, r.exact)
+        reached = fail_over(r, group, topic, positions)
     valid = {str(n).encode() for n in range(1000)}
     out = score(
         "restart", consumed, valid, read_rest_on_b(r.b, remote, group, valid - set(consumed))

@@ -1,0 +1,323 @@
+"""The checkpoint part, group offset sync and `mm2py translate-offsets` on real clusters."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin._config import ConfigResource
+
+from mm2py import clients
+from mm2py.formats import Checkpoint, OffsetSync
+from mm2py.local.launcher import LocalCluster
+from mm2py.local.mirrormaker import RealMirrorMaker
+from tests.daemon_harness import mm2_properties, running_daemon
+from tests.kafka_helpers import create_topic, produce, read_all, wait_until
+
+pytestmark = pytest.mark.integration
+
+CHECKPOINTS = "A.checkpoints.internal"
+
+
+def _config(tmp_path: Path, a: LocalCluster, b: LocalCluster, prefix: str, **extra: str) -> Path:
+    path = tmp_path / "mm2.properties"
+    extra = {"groups": f"{prefix}-.*", **extra}
+    path.write_text(mm2_properties(a, b, f"{prefix}-.*", **extra))
+    return path
+
+
+def _commit(
+    cluster: LocalCluster, group: str, offsets: dict[tuple[str, int], int], meta: str = ""
+) -> None:
+    """Commit offsets for a group without members (as an admin tool would)."""
+    consumer = clients.consumer(cluster.client_properties(), {"group.id": group})
+    try:
+        consumer.commit(
+            offsets=[
+                TopicPartition(t, p, o, meta) if meta else TopicPartition(t, p, o)
+                for (t, p), o in offsets.items()
+            ],
+            asynchronous=False,
+        )
+    finally:
+        consumer.close()
+
+
+def _checkpoints(b: LocalCluster, group: str) -> list[Checkpoint]:
+    """Every checkpoint record of `group` on B, oldest first."""
+    out = []
+    for rec in read_all(b, CHECKPOINTS):
+        cp = Checkpoint.decode(rec.key, rec.value)
+        if cp.consumer_group_id == group:
+            out.append(cp)
+    return out
+
+
+def _synced(a: LocalCluster, topic: str, upstream: int) -> None:
+    """Wait until the replicator's offset syncs reach `upstream` of `topic`-0."""
+
+    def probe() -> bool:
+        for rec in read_all(a, "mm2-offset-syncs.B.internal"):
+            sync = OffsetSync.decode(rec.key, rec.value)
+            if sync.topic == topic and sync.upstream_offset >= upstream:
+                return True
+        return False
+
+    wait_until(probe, what=f"offset syncs of {topic} up to {upstream}")
+
+
+def _latest(b: LocalCluster, group: str) -> dict[tuple[str, int], Checkpoint]:
+    return {(cp.topic, cp.partition): cp for cp in _checkpoints(b, group)}
+
+
+def _group_offsets(cluster: LocalCluster, group: str) -> dict[tuple[str, int], int]:
+    admin = clients.admin_client(cluster.client_properties())
+    request = [ConsumerGroupTopicPartitions(group)]
+    result = admin.list_consumer_group_offsets(request)[group].result(30)
+    return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions if tp.offset >= 0}
+
+
+def _stays(probe: Any, seconds: float = 3.0) -> None:
+    """Assert that `probe()` holds on every look for `seconds` (a bounded negative check)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert probe()
+        time.sleep(0.2)
+
+
+def _translate(config: Path, group: str, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "mm2py.cli", "translate-offsets", str(config)]
+    cmd += ["--source", "A", "--target", "B", "--group", group, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+@contextmanager
+def _member(b: LocalCluster, group: str, topic: str) -> Iterator[Consumer]:
+    """An active member of `group` on B (subscribed and polling)."""
+    consumer = clients.consumer(
+        b.client_properties(),
+        {"group.id": group, "auto.offset.reset": "earliest", "enable.auto.commit": False},
+    )
+    consumer.subscribe([topic])
+    try:
+        wait_until(lambda: consumer.poll(0.2) is not None or consumer.assignment(), what="join")
+        yield consumer
+    finally:
+        consumer.close()
+
+
+# ----------------------------------------------------------- the checkpoint part
+
+
+def test_checkpoints_are_written_in_mm2_format_for_the_groups_that_pass_the_filters(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path
+) -> None:
+    prefix = f"cp-{uuid.uuid4().hex[:8]}"
+    topic, unreplicated = f"{prefix}-t", f"other-{prefix}"
+    create_topic(cluster_a, topic, partitions=2)
+    create_topic(cluster_a, unreplicated)
+    produce(cluster_a, topic, [(i % 2, None, b"x") for i in range(200)])
+    good, excluded, elsewhere = f"{prefix}-good", f"{prefix}-excluded", f"{prefix}-elsewhere"
+    _commit(cluster_a, good, {(topic, 0): 30, (topic, 1): 70}, meta="m1")
+    _commit(cluster_a, excluded, {(topic, 0): 10})
+    _commit(cluster_a, elsewhere, {(unreplicated, 0): 0})
+    config = _config(
+        tmp_path, cluster_a, cluster_b, prefix, **{"groups.exclude": f"{prefix}-excluded"}
+    )
+    with running_daemon(config) as daemon:
+        want = {
+            (f"A.{topic}", 0): Checkpoint(good, f"A.{topic}", 0, 30, 30, "m1"),
+            (f"A.{topic}", 1): Checkpoint(good, f"A.{topic}", 1, 70, 70, "m1"),
+        }
+        wait_until(lambda: _latest(cluster_b, good) == want, what="checkpoints of the group")
+        # A new commit is checkpointed at the next interval.
+        _commit(cluster_a, good, {(topic, 0): 100}, meta="m2")
+        wait_until(
+            lambda: _latest(cluster_b, good)[(f"A.{topic}", 0)].downstream_offset == 100,
+            what="the checkpoint of the new commit",
+        )
+        # By now several intervals passed: the other groups were never checkpointed.
+        assert _checkpoints(cluster_b, excluded) == []
+        assert _checkpoints(cluster_b, elsewhere) == []
+        metrics = daemon.metrics()
+        assert (
+            f'mm2py_checkpoint_latency_seconds_count{{group="{good}",source="A",target="B"}}'
+            in (metrics)
+        )
+        assert daemon.stop()[0] == 0
+    admin = clients.admin_client(cluster_b.client_properties())
+    meta = admin.list_topics(CHECKPOINTS, timeout=10).topics[CHECKPOINTS]
+    assert len(meta.partitions) == 1
+    resource = ConfigResource(ConfigResource.Type.TOPIC, CHECKPOINTS)
+    configs = admin.describe_configs([resource])[resource].result(30)
+    assert configs["cleanup.policy"].value == "compact"
+
+
+def test_checkpoints_never_move_backwards_across_restarts(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path
+) -> None:
+    prefix = f"cp-{uuid.uuid4().hex[:8]}"
+    topic, group = f"{prefix}-t", f"{prefix}-g"
+    remote = f"A.{topic}"
+    create_topic(cluster_a, topic)
+    produce(cluster_a, topic, [(0, None, b"x")] * 100)
+    # An earlier run left a checkpoint further on the target than this one translates.
+    earlier = Checkpoint(group, remote, 0, 50, 60)
+    producer = clients.producer(cluster_b.client_properties())
+    producer.produce(CHECKPOINTS, earlier.encode_value(), earlier.encode_key(), 0)
+    assert producer.flush(30) == 0
+    _commit(cluster_a, group, {(topic, 0): 50})
+    config = _config(tmp_path, cluster_a, cluster_b, prefix)
+    with running_daemon(config) as daemon:
+        _synced(cluster_a, topic, 99)  # so that every translation below is exact
+        _commit(cluster_a, group, {(topic, 0): 55})  # translates to 55: behind 60
+        _commit(cluster_a, group, {(topic, 0): 65})
+        wait_until(lambda: _latest(cluster_b, group)[(remote, 0)].upstream_offset == 65)
+        assert daemon.stop()[0] == 0
+    assert [(c.upstream_offset, c.downstream_offset) for c in _checkpoints(cluster_b, group)] == [
+        (50, 60),
+        (65, 65),
+    ]
+    with running_daemon(config) as daemon:
+        # A rewind on the source is followed, as MM2 does: the group asked for it.
+        _commit(cluster_a, group, {(topic, 0): 20})
+        wait_until(lambda: _latest(cluster_b, group)[(remote, 0)].upstream_offset == 20)
+        assert daemon.stop()[0] == 0
+    history = [(c.upstream_offset, c.downstream_offset) for c in _checkpoints(cluster_b, group)]
+    assert history == [(50, 60), (65, 65), (20, 20)]
+
+
+# ------------------------------------------------------------- group offset sync
+
+
+def test_group_offsets_are_synced_to_idle_groups_and_never_moved_back(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path
+) -> None:
+    prefix = f"cp-{uuid.uuid4().hex[:8]}"
+    topic, group = f"{prefix}-t", f"{prefix}-g"
+    remote = f"A.{topic}"
+    create_topic(cluster_a, topic)
+    produce(cluster_a, topic, [(0, None, b"x")] * 100)
+    _commit(cluster_a, group, {(topic, 0): 40})
+    config = _config(
+        tmp_path, cluster_a, cluster_b, prefix, **{"sync.group.offsets.enabled": "true"}
+    )
+
+    def on_b() -> int | None:
+        return _group_offsets(cluster_b, group).get((remote, 0))
+
+    with running_daemon(config):
+        wait_until(lambda: on_b() == 40, what="the group's offset synced to B")
+        with _member(cluster_b, group, remote) as member:
+            _commit(cluster_a, group, {(topic, 0): 60})
+            wait_until(lambda: _latest(cluster_b, group)[(remote, 0)].downstream_offset == 60)
+            # The group has a member on B: its position is left alone.
+            _stays(lambda: (member.poll(0), on_b())[1] == 40)
+            member.commit(offsets=[TopicPartition(remote, 0, 80)], asynchronous=False)
+        # Idle again, but at 80 on B: the checkpoint (60) would move it back.
+        _stays(lambda: on_b() == 80)
+        _commit(cluster_a, group, {(topic, 0): 90})
+        wait_until(lambda: on_b() == 90, what="the group moved forward on B")
+
+
+# -------------------------------------------------------------- translate-offsets
+
+
+def test_translate_offsets_prints_applies_and_refuses(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path
+) -> None:
+    prefix = f"cp-{uuid.uuid4().hex[:8]}"
+    topic, unreplicated, group = f"{prefix}-t", f"other-{prefix}", f"{prefix}-g"
+    remote = f"A.{topic}"
+    create_topic(cluster_a, topic, partitions=2)
+    create_topic(cluster_a, unreplicated)
+    produce(cluster_a, topic, [(i % 2, None, b"x") for i in range(100)])
+    _commit(cluster_a, group, {(topic, 0): 12, (topic, 1): 34})
+    config = _config(tmp_path, cluster_a, cluster_b, prefix)
+    with running_daemon(config):
+
+        def complete() -> dict[str, Any] | None:
+            done = _translate(config, group, "--json")
+            report: dict[str, Any] = json.loads(done.stdout)
+            exact = all(row["status"] == "ok" for row in report["rows"])
+            return report if done.returncode == 0 and report["complete"] and exact else None
+
+        report = wait_until(complete, what="translate-offsets to confirm every partition")
+        rows = [
+            (r["topic"], r["partition"], r["upstream_offset"], r["downstream_offset"])
+            for r in report["rows"]
+        ]
+        assert rows == [(remote, 0, 12, 12), (remote, 1, 34, 34)]
+        assert all(r["status"] == "ok" and r["checkpoint_age_seconds"] >= 0 for r in report["rows"])
+
+        text = _translate(config, group)
+        assert text.returncode == 0, text.stderr
+        lines = text.stdout.splitlines()
+        assert lines[1].split() == [
+            "TOPIC",
+            "PARTITION",
+            "UPSTREAM",
+            "DOWNSTREAM",
+            "AGE",
+            "STATUS",
+            "NOTE",
+        ]
+        assert lines[2].split()[:4] == [remote, "0", "12", "12"]
+        assert lines[-1] == "2 of 2 partitions translated"
+
+        applied = _translate(config, group, "--apply")
+        assert applied.returncode == 0, applied.stderr
+        assert _group_offsets(cluster_b, group) == {(remote, 0): 12, (remote, 1): 34}
+
+        with _member(cluster_b, group, remote):
+            refused = _translate(config, group, "--apply")
+        assert refused.returncode == 2
+        assert "active member" in refused.stderr and group in refused.stderr
+
+        # A partition that cannot be translated is listed with the reason, exit 1.
+        _commit(cluster_a, group, {(unreplicated, 0): 0})
+        partial = _translate(config, group)
+        assert partial.returncode == 1
+        assert f"{unreplicated} is not replicated by A->B" in partial.stdout
+
+    unknown = _translate(config, f"{prefix}-nobody")
+    assert unknown.returncode == 1
+    assert "has no committed offsets on A and no checkpoints" in unknown.stdout
+    bad = _translate(config, group, "--source", "Z")
+    assert bad.returncode == 2 and "--source: unknown cluster 'Z'" in bad.stderr
+
+
+def test_translate_offsets_reads_checkpoints_real_mm2_wrote(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path
+) -> None:
+    prefix = f"cp-mm2-{uuid.uuid4().hex[:8]}"
+    topic, group = f"{prefix}-t", f"{prefix}-g"
+    remote = f"A.{topic}"
+    create_topic(cluster_a, topic)
+    produce(cluster_a, topic, [(0, None, b"x")] * 50)
+    config = _config(tmp_path, cluster_a, cluster_b, prefix)
+    with RealMirrorMaker(config, tmp_path / "mm2") as mm2:
+        mm2.wait_replicating(topic)
+        _commit(cluster_a, group, {(topic, 0): 50})
+
+        def checkpointed() -> dict[str, Any] | None:
+            report: dict[str, Any] = json.loads(_translate(config, group, "--json").stdout)
+            rows = [r for r in report["rows"] if r["upstream_offset"] == 50]
+            return rows[0] if rows else None
+
+        row = wait_until(
+            checkpointed, timeout=90, what="MM2's checkpoint read by translate-offsets"
+        )
+    assert row["topic"] == remote and row["downstream_offset"] is not None
+    applied = _translate(config, group, "--apply")
+    assert applied.returncode in (0, 1), applied.stderr
+    assert _group_offsets(cluster_b, group) == {(remote, 0): row["downstream_offset"]}
