@@ -270,7 +270,7 @@ def read_offset_syncs(
 
 def _add_sync(store: OffsetSyncStore, msg: Message) -> None:
     try:
-        store.add(OffsetSync.decode(msg.key(), msg.value()))
+        store.add(OffsetSync.decode(msg.key(), msg.value()), msg.offset())
     except ValueError as exc:
         log.warning("skipping offset sync at offset %s: %s", msg.offset(), exc)
 

@@ -20,6 +20,13 @@ the replicator's next sync covers N (it writes its latest copied record every
 second), which is why a checkpoint is re-emitted when its translation improves.
 `Translation.exact` says which of the two a result is.
 
+The syncs topic is compacted once its records are older than the source part's
+min.compaction.lag.ms (a week): only the newest sync per partition survives from
+that old part. Where syncs may be missing between two that remain (the store sees
+a jump in the syncs topic's offsets), the records in between are not known to be
+contiguous, so offsets there translate to one past the earlier sync, inexact but
+never past an unconsumed record.
+
 Syncs written by MM2 are sparser and carry no such guarantee; translating them
 this way still never points past an unconsumed record when the topic has no
 gaps, which is the case MM2's own translation covers.
@@ -49,16 +56,27 @@ class Translation:
 
 @dataclass
 class PartitionSyncs:
-    """The offset syncs of one source partition, ordered by upstream offset."""
+    """The offset syncs of one source partition, ordered by upstream offset.
+
+    `gapped[i]` is true when syncs between sync i-1 and sync i may be missing
+    (compaction removed records of the syncs topic between them): the records
+    in between are then not known to be contiguous.
+    """
 
     upstream: list[int] = field(default_factory=list)
     downstream: list[int] = field(default_factory=list)
+    gapped: list[bool] = field(default_factory=list)
 
-    def add(self, upstream: int, downstream: int) -> None:
+    def __post_init__(self) -> None:
+        if len(self.gapped) < len(self.upstream):
+            self.gapped += [False] * (len(self.upstream) - len(self.gapped))
+
+    def add(self, upstream: int, downstream: int, after_gap: bool = False) -> None:
         """Record a sync; a newer sync for an upstream offset already known replaces it.
 
         A restart of the replicator re-copies records and syncs them again with new
         downstream offsets: everything at or after the new sync is superseded.
+        `after_gap` says syncs of this partition may have been lost just before it.
 
         A sync in line with the one before and the one after it (same distance
         between source and target offset) translates nothing the two others do not,
@@ -72,19 +90,26 @@ class PartitionSyncs:
             self.upstream[i] - upstream
         ):
             # Later syncs describe an earlier copy of the same records: drop them.
-            del self.upstream[i:], self.downstream[i:]
+            del self.upstream[i:], self.downstream[i:], self.gapped[i:]
         if i < len(self.upstream) and self.upstream[i] == upstream:
             self.downstream[i] = downstream
+            self.gapped[i] = self.gapped[i] or after_gap
             return
-        if i == len(self.upstream) >= 2 and (
-            self.upstream[-1] - self.downstream[-1]
-            == self.upstream[-2] - self.downstream[-2]
-            == upstream - downstream
+        if (
+            i == len(self.upstream) >= 2
+            and not after_gap
+            and not self.gapped[-1]
+            and (
+                self.upstream[-1] - self.downstream[-1]
+                == self.upstream[-2] - self.downstream[-2]
+                == upstream - downstream
+            )
         ):
             self.upstream[-1], self.downstream[-1] = upstream, downstream
             return
         self.upstream.insert(i, upstream)
         self.downstream.insert(i, downstream)
+        self.gapped.insert(i, after_gap)
 
     def translation(self, offset: int) -> Translation | None:
         """Target position of source `offset` (see the module docstring).
@@ -96,10 +121,16 @@ class PartitionSyncs:
         if i < 0:
             return None
         upstream, downstream = self.upstream[i], self.downstream[i]
+        if offset == upstream:
+            return Translation(downstream, True)
         if i + 1 < len(self.upstream):
-            return Translation(min(downstream + (offset - upstream), self.downstream[i + 1]), True)
-        if offset <= upstream + 1:
-            return Translation(downstream + (offset - upstream), True)
+            following = self.downstream[i + 1]
+            if self.gapped[i + 1]:
+                # Syncs in between are gone: only "after the synced record" is proven.
+                return Translation(min(downstream + 1, following), False)
+            return Translation(min(downstream + (offset - upstream), following), True)
+        if offset == upstream + 1:
+            return Translation(downstream + 1, True)
         return Translation(downstream + 1, False)
 
     def translate(self, offset: int) -> int | None:
@@ -117,17 +148,31 @@ class PartitionSyncs:
 
 
 class OffsetSyncStore:
-    """Offset syncs of every source partition of one flow, as read from the sync topic."""
+    """Offset syncs of every source partition of one flow, as read from the sync topic.
+
+    Pass each record's offset in the syncs topic (`log_offset`) when reading it in
+    order: a jump means compaction removed syncs there, so the syncs that follow
+    are not trusted to be contiguous with the ones before (see `PartitionSyncs`).
+    """
 
     def __init__(self) -> None:
         self.partitions: dict[tuple[str, int], PartitionSyncs] = {}
+        self._next_log_offset: int | None = None
+        self._log_gaps = 0
+        self._gaps_at: dict[tuple[str, int], int] = {}
 
-    def add(self, sync: OffsetSync) -> None:
+    def add(self, sync: OffsetSync, log_offset: int | None = None) -> None:
         key = (sync.topic, sync.partition)
+        if log_offset is not None:
+            if self._next_log_offset is not None and log_offset != self._next_log_offset:
+                self._log_gaps += 1
+            self._next_log_offset = log_offset + 1
         syncs = self.partitions.get(key)
         if syncs is None:
             syncs = self.partitions[key] = PartitionSyncs()
-        syncs.add(sync.upstream_offset, sync.downstream_offset)
+        after_gap = key in self._gaps_at and self._gaps_at[key] != self._log_gaps
+        self._gaps_at[key] = self._log_gaps
+        syncs.add(sync.upstream_offset, sync.downstream_offset, after_gap)
 
     def add_all(self, syncs: Iterable[OffsetSync]) -> None:
         for sync in syncs:

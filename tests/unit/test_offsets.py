@@ -107,3 +107,29 @@ def test_store_keeps_partitions_apart() -> None:
     assert store.translate("t", 1, 7) == 1
     assert store.translation("t", 1, 7) == Translation(1, exact=False)
     assert store.translate("u", 0, 7) is None
+
+
+def test_where_compaction_removed_syncs_only_one_past_the_earlier_sync_is_proven() -> None:
+    # Syncs of partition 0 at log offsets 0 and 5 (1..4, some of them its own, were
+    # compacted away): between them the records may have had gaps.
+    store = OffsetSyncStore()
+    store.add(OffsetSync("t", 0, 0, 0), log_offset=0)
+    store.add(OffsetSync("t", 0, 50, 30), log_offset=5)
+    store.add(OffsetSync("t", 0, 60, 40), log_offset=6)
+    assert store.translation("t", 0, 0) == Translation(0, exact=True)
+    assert store.translation("t", 0, 20) == Translation(1, exact=False)
+    assert store.translation("t", 0, 50) == Translation(30, exact=True)
+    assert store.translation("t", 0, 55) == Translation(35, exact=True)
+    # A partition whose syncs are dense in the log is not affected by gaps elsewhere.
+    store.add(OffsetSync("u", 0, 0, 0), log_offset=7)
+    store.add(OffsetSync("u", 0, 9, 9), log_offset=8)
+    assert store.translation("u", 0, 5) == Translation(5, exact=True)
+
+
+def test_a_gapped_sync_is_never_merged_into_a_line() -> None:
+    syncs = _syncs((0, 0), (10, 10))
+    syncs.add(20, 20, after_gap=True)
+    syncs.add(30, 30)
+    assert syncs.upstream == [0, 10, 20, 30]
+    assert syncs.translation(15) == Translation(11, exact=False)
+    assert syncs.translation(25) == Translation(25, exact=True)
