@@ -408,6 +408,7 @@ class CheckpointPart(Part):
             self.store.add(cp)
         self.syncs = OffsetSyncStore()
         self._syncs_ready = False
+        self._told_no_syncs = False
         syncs_cluster = self.source if self.rules.offset_syncs_on_source else self.target
         self._producer = clients.producer(self.target.librdkafka("producer"), CHECKPOINT_PRODUCER)
         self._sync_tail = TopicTail(
@@ -452,12 +453,14 @@ class CheckpointPart(Part):
         """Read the offset syncs to their end once; until then nothing is translated."""
         tail = self._sync_tail
         if not tail.exists():
-            log.info(
-                "flow %s: no offset syncs yet (%s on %s); checkpoints wait for them",
-                self.flow.name,
-                tail.topic,
-                tail.cluster_alias,
-            )
+            if not self._told_no_syncs:
+                log.info(
+                    "flow %s: no offset syncs yet (%s on %s); checkpoints wait for them",
+                    self.flow.name,
+                    tail.topic,
+                    tail.cluster_alias,
+                )
+                self._told_no_syncs = True
             return
         tail.read_to_end(self._on_sync, self.stopping.is_set)
         self._syncs_ready = not self.stopping.is_set()
