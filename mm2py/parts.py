@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import traceback
 from abc import ABC, abstractmethod
 
+from mm2py import logs
 from mm2py.config import FlowConfig
 from mm2py.metrics import Metrics
 
@@ -17,6 +19,10 @@ class Part(ABC):
 
     `run()` works until `stopping` is set; an exception ends the part, is counted
     in mm2py_errors_total{part=name} and the daemon restarts the part with backoff.
+
+    `pause()` stops the part's work until `resume()`; by default by stopping its
+    run (the daemon does not restart a paused part), a part that can pause in
+    place (the source part) overrides both.
     """
 
     name = "part"
@@ -27,6 +33,8 @@ class Part(ABC):
         self.errors = metrics.errors.labels(flow.source, flow.target, self.name)
         self.stopping = threading.Event()
         self.error: BaseException | None = None
+        self.error_trace: str | None = None
+        self.paused = False
         self._thread: threading.Thread | None = None
 
     @abstractmethod
@@ -36,6 +44,7 @@ class Part(ABC):
     def start(self) -> None:
         self.stopping.clear()
         self.error = None
+        self.error_trace = None
         self._thread = threading.Thread(
             target=self._run_guarded, name=f"{self.name}-{self.flow.name}", daemon=True
         )
@@ -46,14 +55,34 @@ class Part(ABC):
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def pause(self) -> None:
+        """Stop working until `resume()` (returns at once; the run winds down on its own)."""
+        self.paused = True
+        self.stopping.set()
+
+    def resume(self, timeout: float = 9.0) -> None:
+        """Work again after `pause()`."""
+        self.paused = False
+        if self.stopping.is_set():
+            self.stop(timeout)
+            self.start()
+
+    def restart(self, timeout: float = 9.0) -> None:
+        """Stop and start again (a paused part stays paused)."""
+        self.stop(timeout)
+        if not self.paused:
+            self.start()
+
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
     def _run_guarded(self) -> None:
+        logs.set_context(flow=self.flow.name, part=self.name)
         try:
             self.run()
         except BaseException as exc:  # the daemon restarts the part and reports the error
             self.error = exc
+            self.error_trace = traceback.format_exc()
             self.errors.inc()
             log.error("flow %s: %s part failed: %s", self.flow.name, self.name, exc, exc_info=True)

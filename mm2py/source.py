@@ -27,6 +27,7 @@ from mm2py import clients
 from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.flow import FlowRules
 from mm2py.formats import OffsetSync
+from mm2py.logs import partition_fields
 from mm2py.metrics import Metrics, PartitionStats, ReplicationStats
 from mm2py.parts import Part
 from mm2py.progress import ProgressStore, SourcePartition
@@ -115,6 +116,7 @@ class SourcePart(Part):
         self._by_source: dict[SourcePartition, PartitionState] = {}
         self._by_remote: dict[tuple[str, int], PartitionState] = {}
         self._restart_reason: str | None = None
+        self._consumer_paused = False
 
     def failed_partitions(self) -> dict[str, str]:
         """Partitions stopped by a rejected record, with the reason."""
@@ -123,6 +125,36 @@ class SourcePart(Part):
             for s in self._by_source.values()
             if s.failure is not None
         }
+
+    # -- pausing in place: the consumer stops fetching; positions, progress and
+    # connections stay, so resuming continues with the next record, none lost or
+    # read twice.
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self, timeout: float = 9.0) -> None:
+        self.paused = False
+
+    def restart(self, timeout: float = 9.0) -> None:
+        """Stop and start again; a paused part starts paused."""
+        self.stop(timeout)
+        self.start()
+
+    def _apply_pause(self) -> None:
+        paused = self.paused
+        tps = [
+            TopicPartition(s.topic, s.partition)
+            for s in self._by_source.values()
+            if s.failure is None
+        ]
+        if paused:
+            self._consumer.pause(tps)
+            log.info("flow %s: paused; no records are read until resumed", self.flow.name)
+        else:
+            self._consumer.resume(tps)
+            log.info("flow %s: resumed", self.flow.name)
+        self._consumer_paused = paused
 
     # -- the copy loop -------------------------------------------------------
 
@@ -147,6 +179,7 @@ class SourcePart(Part):
         self._by_source.clear()
         self._by_remote.clear()
         self._restart_reason = None
+        self._consumer_paused = False
         try:
             self._loop()
         finally:
@@ -188,6 +221,8 @@ class SourcePart(Part):
             if now >= next_lag:
                 self._update_lag()
                 next_lag = now + LAG_INTERVAL
+            if self.paused != self._consumer_paused:
+                self._apply_pause()
             # Take what is queued at once; if nothing is, wait for the first record
             # only (consume() would wait for a full batch or the timeout).
             # Typed as Any: the hot loop relies on records being complete, not Optional.
@@ -280,7 +315,12 @@ class SourcePart(Part):
             f"offset {offset} ({size} bytes) for remote topic {state.remote_topic}: {reason}; "
             "the partition is stopped: fix the cause and restart the flow"
         )
-        log.error("flow %s: %s", self.flow.name, state.failure)
+        log.error(
+            "flow %s: %s",
+            self.flow.name,
+            state.failure,
+            extra=partition_fields(state.topic, state.partition),
+        )
         if first:
             self.errors.inc()
             self._consumer.pause([TopicPartition(state.topic, state.partition)])
@@ -305,6 +345,7 @@ class SourcePart(Part):
             msg.partition(),
             self.flow.source,
             err.str(),
+            extra=partition_fields(msg.topic(), msg.partition()),
         )
 
     # -- periodic work --------------------------------------------------------
@@ -325,10 +366,12 @@ class SourcePart(Part):
                 self._by_source[key].committed = offset
 
     def _update_lag(self) -> None:
+        # A paused partition is not fetched, so its cached end offset would stand still.
+        cached = not self._consumer_paused
         for state in self._by_source.values():
             tp = TopicPartition(state.topic, state.partition)
             try:
-                low, high = self._consumer.get_watermark_offsets(tp, cached=True)
+                low, high = self._consumer.get_watermark_offsets(tp, timeout=1, cached=cached)
             except KafkaException:
                 continue
             if high < 0:
@@ -396,6 +439,8 @@ class SourcePart(Part):
                 new.append(TopicPartition(topic, partition, start))
         if new:
             self._consumer.incremental_assign(new)
+            if self._consumer_paused:
+                self._consumer.pause([TopicPartition(tp.topic, tp.partition) for tp in new])
             log.info(
                 "flow %s: now copying %s",
                 flow.name,
