@@ -241,6 +241,72 @@ def _add_translate_offsets(sub: argparse._SubParsersAction[argparse.ArgumentPars
     p.set_defaults(func=_translate_offsets)
 
 
+# -- mm2py status ----------------------------------------------------------------
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from pydantic import ValidationError
+
+    from mm2py.status import FlowStatus, Health, format_status
+
+    base = args.url.rstrip("/")
+
+    def get(path: str) -> object:
+        try:
+            with urllib.request.urlopen(base + path, timeout=args.timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            if err.code == 503:  # /health: not ready, with the reasons
+                return json.loads(err.read())
+            raise
+
+    try:
+        names = get("/flows")
+        if not isinstance(names, list):
+            raise ValueError("GET /flows did not answer a list")
+        flows = [
+            FlowStatus.model_validate(get(f"/flows/{urllib.parse.quote(n, safe='')}/status"))
+            for n in names
+        ]
+        health = Health.model_validate(get("/health"))
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        print(
+            f"mm2py status: no mm2py daemon answers at {base} ({reason}); "
+            "is `mm2py run` running? give its address with --url",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    except (ValueError, ValidationError) as err:
+        first = str(err).splitlines()[0]
+        print(f"mm2py status: {base} is not an mm2py daemon: {first}", file=sys.stderr)
+        return EXIT_FAILED
+    sys.stdout.write(format_status(flows, health))
+    return EXIT_OK
+
+
+def _add_status(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "status",
+        help="flows, parts, states, lag and latency of a running daemon (its REST API)",
+        description="Print a running daemon's flows with their parts' states, and per topic "
+        "the records copied, the lag and the replication latency (p50/p99 of the last "
+        "minute). Exit status 1 when no daemon answers.",
+    )
+    p.add_argument(
+        "--url",
+        default="http://127.0.0.1:8083",
+        help="the daemon's address (its --listen; default http://127.0.0.1:8083)",
+    )
+    p.add_argument("--timeout", type=float, default=10.0, help=argparse.SUPPRESS)
+    p.set_defaults(func=_status)
+
+
 # -- mm2py demo ------------------------------------------------------------------
 
 
@@ -285,9 +351,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="text: one line per event; json: one JSON object per line (time, level, "
+        "logger, message, flow, topic, partition) for log shippers",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_run(sub)
     _add_translate_offsets(sub)
+    _add_status(sub)
     _add_local(sub)
     _add_demo(sub)
     return parser
@@ -297,9 +371,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `mm2py` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    from mm2py import logs
+
+    logs.configure(args.log_level, args.log_format)
     func: Callable[[argparse.Namespace], int] = args.func
     return func(args)
 

@@ -1,4 +1,9 @@
-"""The replicator daemon: runs every enabled flow's parts, restarts failed ones, serves /metrics."""
+"""The replicator daemon: runs every enabled flow's parts, restarts failed ones, serves REST.
+
+The REST API (mm2py.api) and /metrics share the listen address. Requests that
+pause, resume or restart a flow come on the API's threads; they and the
+supervisor take turns through one lock, so a part is never restarted by both.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,13 @@ import logging
 import signal
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
 from confluent_kafka import KafkaError
-from prometheus_client import start_http_server
+from prometheus_client import CollectorRegistry
 
 from mm2py import clients
 from mm2py.checkpoint import CheckpointPart
@@ -20,6 +26,15 @@ from mm2py.heartbeat import HeartbeatPart
 from mm2py.metrics import Metrics
 from mm2py.parts import Part
 from mm2py.source import SourcePart
+from mm2py.status import (
+    FlowStatus,
+    Health,
+    LatencyWindow,
+    PartStatus,
+    TopicStatus,
+    flow_state,
+    health,
+)
 from mm2py.sync import SyncPart
 
 log = logging.getLogger(__name__)
@@ -156,6 +171,19 @@ class Daemon:
             Supervised(part)
             for part in build_parts(config, self.flows, self.metrics, heartbeat_flows)
         ]
+        self._control = threading.RLock()
+        self._latency = {
+            sup.part.flow.name: LatencyWindow()
+            for sup in self.parts
+            if isinstance(sup.part, SourcePart)
+        }
+        for name in self.flow_names():
+            flow = self._parts_of(name)[0].part.flow
+            self.metrics.flow_info.labels(name, flow.source, flow.target).set(1)
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self.metrics.registry
 
     def request_stop(self, signum: int | None = None, _frame: FrameType | None = None) -> None:
         if signum is not None:
@@ -168,16 +196,19 @@ class Daemon:
             self.config,
             {a for sup in self.parts for a in (sup.part.flow.source, sup.part.flow.target)},
         )
+        from mm2py.api import ApiServer, bind, build_app  # FastAPI loads only for `run`
+
         host, port = parse_listen(self.listen)
         try:
-            server, _thread = start_http_server(port, host, registry=self.metrics.registry)
+            server = ApiServer(build_app(self), bind(host, port))
         except OSError as exc:
             raise ListenError(
                 f"cannot listen on {self.listen}: {exc.strerror}; "
                 "is another mm2py running there? choose another address with --listen"
             ) from None
+        server.start()
         log.info(
-            "mm2py serving /metrics on http://%s:%d; flows: %s",
+            "mm2py serving the REST API and /metrics on http://%s:%d; flows: %s",
             host,
             port,
             ", ".join(f.name for f in self.flows) or "none",
@@ -186,16 +217,18 @@ class Daemon:
             sup.part.start()
         try:
             while not self._stopping.wait(SUPERVISE_INTERVAL):
-                self._supervise()
+                with self._control:
+                    self._supervise()
+                self._record_latency()
         finally:
             self._stop_parts()
-            server.shutdown()
+            server.stop()
 
     def _supervise(self) -> None:
         now = time.monotonic()
         for sup in self.parts:
             part = sup.part
-            if part.running:
+            if part.running or part.paused:
                 continue
             if sup.restart_at is None:
                 sup.failures += 1
@@ -213,6 +246,116 @@ class Daemon:
                 sup.restart_at = None
                 part.start()
 
+    # -- control and status, for the REST API (called on its threads) ---------------
+
+    def flow_names(self) -> list[str]:
+        """Every flow with a part here, replicating ones first, in config order."""
+        names: list[str] = []
+        for sup in self.parts:
+            if sup.part.flow.name not in names:
+                names.append(sup.part.flow.name)
+        return names
+
+    def _parts_of(self, name: str) -> list[Supervised]:
+        return [sup for sup in self.parts if sup.part.flow.name == name]
+
+    def pause_flow(self, name: str) -> None:
+        """Pause every part of the flow: no records are read until `resume_flow`."""
+        with self._control:
+            for sup in self._parts_of(name):
+                sup.part.pause()
+        log.info("flow %s: paused by request", name, extra={"flow": name})
+
+    def resume_flow(self, name: str) -> None:
+        with self._control:
+            for sup in self._parts_of(name):
+                sup.part.resume()
+        log.info("flow %s: resumed by request", name, extra={"flow": name})
+
+    def restart_flow(self, name: str) -> None:
+        """Stop every part of the flow (in parallel), then start them again."""
+        with self._control:
+            parts = self._parts_of(name)
+            restarters = [
+                threading.Thread(target=sup.part.restart, args=(STOP_TIMEOUT,)) for sup in parts
+            ]
+            for t in restarters:
+                t.start()
+            for t in restarters:
+                t.join()
+            for sup in parts:
+                sup.restart_at = None
+                sup.last_error = None
+        log.info("flow %s: restarted by request", name, extra={"flow": name})
+
+    def flow_status(self, name: str) -> FlowStatus:
+        """States of the flow's parts; its topics with lag and recent latency."""
+        parts: list[PartStatus] = []
+        topics: list[TopicStatus] = []
+        flow = None
+        replicating = False
+        for sup in self._parts_of(name):
+            part = sup.part
+            flow = part.flow
+            replicating = replicating or not isinstance(part, HeartbeatPart)
+            parts.append(self._part_status(sup))
+            if isinstance(part, SourcePart):
+                topics = self._topic_status(part)
+        if flow is None:
+            raise KeyError(name)
+        return FlowStatus(
+            name=name,
+            source=flow.source,
+            target=flow.target,
+            replicating=replicating,
+            state=flow_state(parts),
+            parts=parts,
+            topics=topics,
+            lag_records=sum(t.lag_records for t in topics),
+        )
+
+    def health(self) -> Health:
+        return health(self.flow_status(name) for name in self.flow_names())
+
+    @staticmethod
+    def _part_status(sup: Supervised) -> PartStatus:
+        part = sup.part
+        failed = part.failed_partitions() if isinstance(part, SourcePart) else {}
+        if part.paused:
+            return PartStatus(part=part.name, state="PAUSED", restarts=sup.failures)
+        if part.running:
+            return PartStatus(
+                part=part.name, state="RUNNING", restarts=sup.failures, failed_partitions=failed
+            )
+        trace = part.error_trace or sup.last_error or "stopped"
+        return PartStatus(part=part.name, state="FAILED", restarts=sup.failures, trace=trace)
+
+    def _topic_status(self, part: SourcePart) -> list[TopicStatus]:
+        by_topic: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for (topic, _partition), stats in list(part.stats.partitions.items()):
+            by_topic[topic].append((stats.records, stats.lag))
+        latency = self._latency[part.flow.name].quantiles(_latency_counts(part))
+        out = []
+        for topic, rows in sorted(by_topic.items()):
+            p50, p99 = latency.get(topic, [None, None])
+            out.append(
+                TopicStatus(
+                    topic=topic,
+                    partitions=len(rows),
+                    records=sum(r for r, _lag in rows),
+                    lag_records=sum(lag for _r, lag in rows),
+                    latency_p50_seconds=p50,
+                    latency_p99_seconds=p99,
+                )
+            )
+        return out
+
+    def _record_latency(self) -> None:
+        now = time.monotonic()
+        for sup in self.parts:
+            if isinstance(sup.part, SourcePart):
+                self._latency[sup.part.flow.name].record(now, _latency_counts(sup.part))
+
     def _stop_parts(self) -> None:
         deadline = time.monotonic() + STOP_TIMEOUT
         stoppers = [
@@ -223,3 +366,13 @@ class Daemon:
         for t in stoppers:
             t.join(max(deadline - time.monotonic(), 0.1))
         log.info("mm2py stopped")
+
+
+def _latency_counts(part: SourcePart) -> dict[str, list[int]]:
+    """Replication latency bucket counts of each remote topic, summed over partitions."""
+    out: dict[str, list[int]] = {}
+    for (topic, _partition), stats in list(part.stats.partitions.items()):
+        total = out.setdefault(topic, [0] * len(stats.latency.counts))
+        for i, count in enumerate(stats.latency.counts):
+            total[i] += count
+    return out

@@ -165,6 +165,14 @@ class Metrics:
             ["source", "target", "part"],
             registry=self.registry,
         )
+        # Always 1: joins `flow` ("A->B") onto series labelled source/target, for
+        # dashboards (`* on (source, target) group_left (flow) mm2py_flow_info`).
+        self.flow_info = Gauge(
+            "mm2py_flow_info",
+            "One series per flow the daemon runs, labelled with its name A->B.",
+            ["flow", "source", "target"],
+            registry=self.registry,
+        )
         self.heartbeat_age = Gauge(
             "mm2py_heartbeat_age_seconds",
             "Now minus the newest heartbeat that reached `target` from `source` over `hops`"

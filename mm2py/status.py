@@ -1,0 +1,228 @@
+"""What the REST API reports about flows and how `mm2py status` prints it (pure).
+
+The models are the REST API's response schemas (they make its OpenAPI document)
+and what `mm2py status` parses back. Latency quantiles come from the copy loop's
+histograms: the difference between now and a snapshot about a minute old.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from mm2py.metrics import LATENCY_BUCKETS
+
+PartState = Literal["RUNNING", "PAUSED", "FAILED"]
+
+
+class PartStatus(BaseModel):
+    """One part of a flow (as a task of a Kafka Connect connector)."""
+
+    part: str = Field(description="source, checkpoint, sync or heartbeat")
+    state: PartState
+    restarts: int = Field(description="failures since the daemon started (each one restarted)")
+    trace: str | None = Field(
+        default=None, description="the error of the last failure, while FAILED"
+    )
+    failed_partitions: dict[str, str] = Field(
+        default_factory=dict,
+        description="remote topic partitions stopped by a record the target rejected, "
+        "with the reason (source part); a restart of the flow retries them",
+    )
+
+
+class TopicStatus(BaseModel):
+    """Replication of one topic, summed over its partitions."""
+
+    topic: str = Field(description="the remote topic, on the target")
+    partitions: int
+    records: int = Field(description="records copied since the daemon started")
+    lag_records: int = Field(description="source end offsets minus the next offsets to copy")
+    latency_p50_seconds: float | None = Field(
+        default=None,
+        description="record timestamp to target acknowledgement, median of the last minute",
+    )
+    latency_p99_seconds: float | None = None
+
+
+class FlowStatus(BaseModel):
+    """A flow A->B with its parts and topics."""
+
+    name: str = Field(description="A->B")
+    source: str
+    target: str
+    replicating: bool = Field(description="A->B.enabled; false for a pair that only heartbeats")
+    state: PartState = Field(
+        description="FAILED if a part failed or a partition stopped, else PAUSED if paused"
+    )
+    parts: list[PartStatus]
+    topics: list[TopicStatus]
+    lag_records: int
+
+
+class Health(BaseModel):
+    """Ready when every enabled flow runs: no part failed or paused, no partition stopped."""
+
+    ready: bool
+    problems: list[str]
+
+
+class Version(BaseModel):
+    name: str = "mm2py"
+    version: str
+
+
+class Problem(BaseModel):
+    """An error answer (unknown flow)."""
+
+    error_code: int
+    message: str
+
+
+def flow_state(parts: Sequence[PartStatus]) -> PartState:
+    """The worst state of a flow's parts."""
+    if any(p.state == "FAILED" or p.failed_partitions for p in parts):
+        return "FAILED"
+    if any(p.state == "PAUSED" for p in parts):
+        return "PAUSED"
+    return "RUNNING"
+
+
+def health(flows: Iterable[FlowStatus]) -> Health:
+    """Ready only when every replicating flow runs."""
+    problems: list[str] = []
+    for flow in flows:
+        if not flow.replicating:
+            continue
+        for part in flow.parts:
+            if part.state != "RUNNING":
+                problems.append(f"flow {flow.name}: {part.part} part {part.state}")
+            for partition, reason in sorted(part.failed_partitions.items()):
+                problems.append(f"flow {flow.name}: partition {partition} stopped: {reason}")
+    return Health(ready=not problems, problems=problems)
+
+
+def resolve_flow(name: str, known: Iterable[str]) -> str | None:
+    """The flow `name` means: `A->B` as it is, or `A-B` when exactly one flow reads so."""
+    known = list(known)
+    if name in known:
+        return name
+    dashed = [flow for flow in known if flow.replace("->", "-", 1) == name]
+    return dashed[0] if len(dashed) == 1 else None
+
+
+# -- latency quantiles ----------------------------------------------------------------
+
+BucketCounts = list[int]  # per bucket of LATENCY_BUCKETS, then the overflow bucket
+
+
+def quantile(counts: Sequence[int], q: float) -> float | None:
+    """The q-quantile of a histogram, interpolated inside its bucket as Prometheus does.
+
+    None without observations; the largest finite bound when it falls in the overflow.
+    """
+    total = sum(counts)
+    if total <= 0:
+        return None
+    rank = q * total
+    running = 0
+    for i, count in enumerate(counts):
+        if running + count >= rank and count > 0:
+            if i >= len(LATENCY_BUCKETS):
+                return LATENCY_BUCKETS[-1]
+            lower = LATENCY_BUCKETS[i - 1] if i > 0 else 0.0
+            upper = LATENCY_BUCKETS[i]
+            return lower + (upper - lower) * (rank - running) / count
+        running += count
+    return LATENCY_BUCKETS[-1]
+
+
+class LatencyWindow:
+    """Snapshots of per-topic latency histograms, for quantiles over about `span` seconds."""
+
+    def __init__(self, span: float = 60.0, every: float = 5.0) -> None:
+        self.span = span
+        self.every = every
+        self._snapshots: deque[tuple[float, dict[str, BucketCounts]]] = deque()
+
+    def record(self, now: float, counts: Mapping[str, Sequence[int]]) -> None:
+        """Keep a snapshot if the last one is `every` seconds old; forget old ones."""
+        if self._snapshots and now - self._snapshots[-1][0] < self.every:
+            return
+        self._snapshots.append((now, {t: list(c) for t, c in counts.items()}))
+        while len(self._snapshots) > 1 and now - self._snapshots[1][0] >= self.span:
+            self._snapshots.popleft()
+
+    def quantiles(
+        self, counts: Mapping[str, Sequence[int]], qs: Sequence[float] = (0.5, 0.99)
+    ) -> dict[str, list[float | None]]:
+        """Quantiles per topic of what was observed since the oldest snapshot kept."""
+        base = self._snapshots[0][1] if self._snapshots else {}
+        out: dict[str, list[float | None]] = {}
+        for topic, now_counts in counts.items():
+            before = base.get(topic, [0] * len(now_counts))
+            delta = [max(a - b, 0) for a, b in zip(now_counts, before, strict=False)]
+            out[topic] = [quantile(delta, q) for q in qs]
+        return out
+
+
+# -- the table of `mm2py status` ------------------------------------------------------
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    return f"{value:.1f} s"
+
+
+def _table(rows: Sequence[Sequence[str]], indent: str) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def format_status(flows: Sequence[FlowStatus], health: Health | None = None) -> str:
+    """A table per flow: its parts with their states, then its topics with lag and latency."""
+    lines: list[str] = []
+    if health is not None:
+        lines.append("health: ready" if health.ready else "health: NOT READY")
+        lines.extend(f"  {problem}" for problem in health.problems)
+        lines.append("")
+    if not flows:
+        lines.append("no flows")
+    for flow in flows:
+        kind = "" if flow.replicating else "  (heartbeats only)"
+        lines.append(f"{flow.name}  {flow.state}  lag {flow.lag_records} records{kind}")
+        part_rows = [["PART", "STATE", "RESTARTS", "ERROR"]]
+        for part in flow.parts:
+            error = ""
+            if part.trace:
+                error = part.trace.strip().splitlines()[-1]
+            elif part.failed_partitions:
+                error = f"stopped partitions: {', '.join(sorted(part.failed_partitions))}"
+            part_rows.append([part.part, part.state, str(part.restarts), error])
+        lines.extend(_table(part_rows, "  "))
+        if flow.topics:
+            topic_rows = [["TOPIC", "PARTITIONS", "RECORDS", "LAG", "LATENCY p50", "p99"]]
+            for topic in flow.topics:
+                topic_rows.append(
+                    [
+                        topic.topic,
+                        str(topic.partitions),
+                        str(topic.records),
+                        str(topic.lag_records),
+                        _seconds(topic.latency_p50_seconds),
+                        _seconds(topic.latency_p99_seconds),
+                    ]
+                )
+            lines.append("")
+            lines.extend(_table(topic_rows, "  "))
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
