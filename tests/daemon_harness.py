@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,13 +64,16 @@ class RunningDaemon:
 
 
 @contextmanager
-def running_daemon(config_path: Path, *args: str) -> Iterator[RunningDaemon]:
-    """`mm2py run CONFIG` in the background; killed at the end if still running."""
+def running_daemon(
+    config_path: Path, *args: str, global_args: Sequence[str] = ()
+) -> Iterator[RunningDaemon]:
+    """`mm2py [GLOBAL_ARGS] run CONFIG` in the background; killed at the end if still running."""
     listen = f"127.0.0.1:{free_port()}"
     log_path = config_path.with_suffix(f".{listen.rsplit(':', 1)[1]}.log")
+    command = [sys.executable, "-m", "mm2py.cli", *global_args, "run", str(config_path)]
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mm2py.cli", "run", str(config_path), "--listen", listen, *args],
+            [*command, "--listen", listen, *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=dict(os.environ, PYTHONUNBUFFERED="1"),
