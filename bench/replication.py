@@ -234,6 +234,21 @@ def replicating(
             log.warning("mm2py exited with %s; see %s", proc.returncode, log_file)
 
 
+def _end_offsets(cluster: LocalCluster, topic: str, timeout: float = 60.0) -> dict[int, int]:
+    """bench.common.end_offsets, retried while a partition has no leader.
+
+    The local clusters may be shared: another user's test may restart one mid-run.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return end_offsets(cluster, topic)
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
 def _check_alive(running: Running) -> None:
     if not running.is_running():
         raise ReplicatorError(f"{running.system} exited early; see {running.log_file}")
@@ -316,7 +331,7 @@ def replication_throughput(
             PeakRss(running.pid) as rss,
         ):
             copy = watch_copy(target, remote, workload, running, timeout)
-        copied = sum(end_offsets(target, remote).values())
+        copied = sum(_end_offsets(target, remote).values())
     finally:
         delete_topics(source, [topic])
         delete_topics(target, [remote])
@@ -368,7 +383,7 @@ def _warm_up(source: LocalCluster, target: LocalCluster, topic: str, running: Ru
         raise ReplicatorError(f"could not produce warm-up records into {topic} on A")
     remote = f"{source.alias}.{topic}"
     deadline = time.monotonic() + 180
-    while sum(end_offsets(target, remote).values()) < WARMUP_RECORDS:
+    while sum(_end_offsets(target, remote).values()) < WARMUP_RECORDS:
         _check_alive(running)
         if time.monotonic() > deadline:
             raise ReplicatorError(f"{running.system} did not copy the warm-up records of {topic}")
@@ -425,7 +440,7 @@ def replication_latency(
             consumer = clients.consumer(target.client_properties())
             # Start after the warm-up records: only steady-rate records are measured.
             consumer.assign(
-                [TopicPartition(remote, p, o) for p, o in end_offsets(target, remote).items()]
+                [TopicPartition(remote, p, o) for p, o in _end_offsets(target, remote).items()]
             )
             log.info(
                 "%s: producing %d records/s into %s for %d s",
