@@ -17,9 +17,11 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartiti
 from confluent_kafka.admin._config import ConfigResource
 
 from mm2py import clients
+from mm2py.config import load_config
 from mm2py.formats import Checkpoint, OffsetSync
 from mm2py.local.launcher import LocalCluster
 from mm2py.local.mirrormaker import RealMirrorMaker
+from mm2py.translate import gather
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.kafka_helpers import create_topic, produce, read_all, wait_until
 
@@ -86,7 +88,7 @@ def _group_offsets(cluster: LocalCluster, group: str) -> dict[tuple[str, int], i
     return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions if tp.offset >= 0}
 
 
-def _stays(probe: Any, seconds: float = 3.0) -> None:
+def _stays(probe: Any, seconds: float = 2.5) -> None:
     """Assert that `probe()` holds on every look for `seconds` (a bounded negative check)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -244,14 +246,16 @@ def test_translate_offsets_prints_applies_and_refuses(
     _commit(cluster_a, group, {(topic, 0): 12, (topic, 1): 34})
     config = _config(tmp_path, cluster_a, cluster_b, prefix)
     with running_daemon(config):
+        mirror = load_config(config)
 
-        def complete() -> dict[str, Any] | None:
-            done = _translate(config, group, "--json")
-            report: dict[str, Any] = json.loads(done.stdout)
-            exact = all(row["status"] == "ok" for row in report["rows"])
-            return report if done.returncode == 0 and report["complete"] and exact else None
+        def confirmed() -> bool:
+            report = gather(mirror, mirror.flow("A", "B"), group)
+            return report.complete and all(row.status == "ok" for row in report.rows)
 
-        report = wait_until(complete, what="translate-offsets to confirm every partition")
+        wait_until(confirmed, what="checkpoints the syncs confirm for every partition")
+        done = _translate(config, group, "--json")
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
         rows = [
             (r["topic"], r["partition"], r["upstream_offset"], r["downstream_offset"])
             for r in report["rows"]
@@ -304,10 +308,10 @@ def test_translate_offsets_reads_checkpoints_real_mm2_wrote(
     remote = f"A.{topic}"
     create_topic(cluster_a, topic)
     produce(cluster_a, topic, [(0, None, b"x")] * 50)
+    # Committed before MM2 starts: its checkpoint connector finds the group at once.
+    _commit(cluster_a, group, {(topic, 0): 50})
     config = _config(tmp_path, cluster_a, cluster_b, prefix)
-    with RealMirrorMaker(config, tmp_path / "mm2") as mm2:
-        mm2.wait_replicating(topic)
-        _commit(cluster_a, group, {(topic, 0): 50})
+    with RealMirrorMaker(config, tmp_path / "mm2"):
 
         def checkpointed() -> dict[str, Any] | None:
             report: dict[str, Any] = json.loads(_translate(config, group, "--json").stdout)

@@ -364,21 +364,31 @@ COMPACTED_CONFIG = {
 }
 
 
-def compact_on_a(a: LocalCluster, topic: str, timeout: float = 60) -> set[bytes]:
-    """Produce keys that repeat until the broker's cleaner removed old ones; return survivors."""
+def start_compaction(a: LocalCluster, topic: str) -> None:
+    """A compacted topic whose keys repeat, with a closed segment for the cleaner."""
     create_topic(a, topic, config=COMPACTED_CONFIG)
-    records = [(0, f"k{n % 50}".encode(), str(n).encode()) for n in range(500)]
-    produce(a, topic, records)
+    produce(a, topic, [(0, f"k{n % 50}".encode(), str(n).encode()) for n in range(500)])
+    time.sleep(0.2)  # past segment.ms: the next record rolls the segment
+    produce(a, topic, [(0, b"roll", b"roll-start")])
 
+
+def wait_compacted(a: LocalCluster, topic: str, timeout: float = 60) -> set[bytes]:
+    """Until the broker's cleaner removed old records (every 15 s); return the survivors."""
     rolls = iter(range(1_000_000))
 
     def compacted() -> set[bytes] | None:
-        # A record after segment.ms rolls the segment, so that the cleaner may take it.
-        produce(a, topic, [(0, b"roll", f"roll-{next(rolls)}".encode())])
         survivors = read_all(a, topic)
-        return {r.value or b"" for r in survivors} if len(survivors) < 400 else None
+        if len(survivors) < 400:
+            return {r.value or b"" for r in survivors}
+        produce(a, topic, [(0, b"roll", f"roll-{next(rolls)}".encode())])
+        return None
 
     return wait_until(compacted, timeout=timeout, interval=1.0, what=f"compaction of {topic}")
+
+
+def compact_on_a(a: LocalCluster, topic: str, timeout: float = 60) -> set[bytes]:
+    start_compaction(a, topic)
+    return wait_compacted(a, topic, timeout)
 
 
 def case_compacted(r: Replicator) -> Outcome:
@@ -466,16 +476,6 @@ def test_failover_on_a_transactional_topic(replicated: tuple[Replicator, Running
     _assert_exact(case_transactional(replicated[0]))
 
 
-def test_failover_on_a_topic_compacted_before_it_was_copied(
-    cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path
-) -> None:
-    prefix = f"failover-c-{uuid.uuid4().hex[:8]}"
-    compact_on_a(cluster_a, f"{prefix}-compacted")
-    config = run_config(tmp_path, cluster_a, cluster_b, prefix)
-    with mm2py_daemon(config):
-        _assert_exact(case_compacted(Replicator(cluster_a, cluster_b, config, prefix)))
-
-
 def test_failover_right_after_the_replicator_restarts(
     cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path
 ) -> None:
@@ -483,3 +483,22 @@ def test_failover_right_after_the_replicator_restarts(
     config = run_config(tmp_path, cluster_a, cluster_b, prefix)
     replicator = Replicator(cluster_a, cluster_b, config, prefix)
     _assert_exact(case_restart(replicator, lambda: mm2py_daemon(config)))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compacting(clusters: Clusters) -> str:
+    """Starts compacting a topic on A first thing, as the broker's cleaner takes its time;
+    the compacted case comes last and finds it done. Returns the prefix."""
+    prefix = f"failover-c-{uuid.uuid4().hex[:8]}"
+    start_compaction(clusters["A"], f"{prefix}-compacted")
+    return prefix
+
+
+def test_failover_on_a_topic_compacted_before_it_was_copied(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path, compacting: str
+) -> None:
+    prefix = compacting
+    wait_compacted(cluster_a, f"{prefix}-compacted")
+    config = run_config(tmp_path, cluster_a, cluster_b, prefix)
+    with mm2py_daemon(config):
+        _assert_exact(case_compacted(Replicator(cluster_a, cluster_b, config, prefix)))
