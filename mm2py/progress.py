@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -106,20 +106,28 @@ class ProgressStore:
         else:
             found[where] = offset
 
-    def write(self, last_copied: Mapping[SourcePartition, int], timeout: float = 10.0) -> bool:
-        """Record the last copied offsets; True once the target acknowledged all."""
-        if not last_copied:
-            return True
-        failures: list[Any] = []
+    def submit(
+        self,
+        last_copied: Mapping[SourcePartition, int],
+        on_written: Callable[[SourcePartition, int], None],
+    ) -> None:
+        """Send the last copied offsets; `on_written` runs for each one the target acknowledged.
 
-        def on_delivery(err: Any, _msg: Any) -> None:
-            if err is not None:
-                failures.append(err)
-
+        Acknowledgements are served by `poll()` or `flush()`.
+        """
         for (topic, partition), offset in last_copied.items():
             key = SourceProgressKey(
                 SOURCE_CONNECTOR_NAME, self.source_alias, topic, partition
             ).encode()
+
+            def on_delivery(
+                err: Any, _msg: Any, where: SourcePartition = (topic, partition), at: int = offset
+            ) -> None:
+                if err is None:
+                    on_written(where, at)
+                else:
+                    log.warning("writing progress to %s failed: %s", self.topic, err)
+
             self._producer.produce(
                 self.topic,
                 key=key,
@@ -127,10 +135,11 @@ class ProgressStore:
                 partition=partition_for_key(key, self.partitions),
                 on_delivery=on_delivery,
             )
-        remaining = self._producer.flush(timeout)
-        if failures:
-            log.warning("writing progress to %s failed: %s", self.topic, failures[0])
-        return remaining == 0 and not failures
+        self._producer.poll(0)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait for every submitted write; True if none is left."""
+        return int(self._producer.flush(timeout)) == 0
 
     def close(self) -> None:
         self._producer.flush(5)

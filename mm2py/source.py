@@ -16,6 +16,8 @@ any source offset maps to the target offset of the first record at or after it.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -87,7 +89,8 @@ class PartitionState:
     inflight: deque[int] = field(default_factory=deque)  # source offsets awaiting acks
     acked: int = -1  # last source offset the target acknowledged
     acked_downstream: int = -1
-    committed: int = -1  # last offset written to progress
+    submitted: int = -1  # last offset sent to the progress topic
+    committed: int = -1  # last offset the progress topic acknowledged
     synced: int = -1  # upstream offset of the last offset sync
     delta: int | None = None  # source offset minus target offset since the last sync
     failure: str | None = None
@@ -150,7 +153,7 @@ class SourcePart(Part):
         ]
         if paused:
             self._consumer.pause(tps)
-            log.info("flow %s: paused; no records are read until resumed", self.flow.name)
+            log.info("flow %s: paused; no records are read until resumed %s %s", self.flow.name, tps, self._consumer.assignment())
         else:
             self._consumer.resume(tps)
             log.info("flow %s: resumed", self.flow.name)
@@ -180,10 +183,24 @@ class SourcePart(Part):
         self._by_remote.clear()
         self._restart_reason = None
         self._consumer_paused = False
+        self._discovered: set[SourcePartition] = set()
+        self._found: queue.SimpleQueue[list[tuple[str, int, str]]] = queue.SimpleQueue()
+        loop_done = threading.Event()
+        # Topic discovery calls admin APIs that can take a while; it runs beside
+        # the copy loop so that they never delay records.
+        discovery = threading.Thread(
+            target=self._discover_topics,
+            args=(loop_done,),
+            name=f"discovery-{flow.name}",
+            daemon=True,
+        )
+        discovery.start()
         try:
             self._loop()
         finally:
+            loop_done.set()
             self._shutdown()
+            discovery.join(5)
 
     def _open_sync_producer(self) -> Any:
         rt = self.rules
@@ -206,15 +223,13 @@ class SourcePart(Part):
         produce, poll = producer.produce, producer.poll
         by_source = self._by_source
         on_delivery = self._on_delivery
-        refresh_every = self.rules.refresh_topics_interval
-        next_refresh = 0.0
+        found = self._found
         next_progress = time.monotonic() + PROGRESS_INTERVAL
         next_lag = 0.0
         while not self.stopping.is_set():
             now = time.monotonic()
-            if now >= next_refresh:
-                self._refresh_topics()
-                next_refresh = now + refresh_every
+            while not found.empty():
+                self._assign(found.get())
             if now >= next_progress:
                 self._commit_progress()
                 next_progress = now + PROGRESS_INTERVAL
@@ -232,6 +247,8 @@ class SourcePart(Part):
                 if first is not None:
                     msgs = [first, *consumer.consume(BATCH_SIZE - 1, 0)]
             wall = time.time()
+            if msgs and self._consumer_paused:
+                log.warning("DEBUG got %s while paused", [(m.topic(), m.partition(), m.offset()) for m in msgs][:5])
             for msg in msgs:
                 if msg.error() is not None:
                     self._consume_error(msg)
@@ -350,20 +367,29 @@ class SourcePart(Part):
 
     # -- periodic work --------------------------------------------------------
 
-    def _commit_progress(self) -> None:
-        """Write the acknowledged positions (and the latest offset syncs)."""
+    def _commit_progress(self, wait: bool = False) -> None:
+        """Record the acknowledged positions (and the latest offset syncs).
+
+        In the copy loop the writes are only submitted (`committed` advances when
+        the target acknowledges them); at shutdown they are awaited.
+        """
         self._producer.poll(0)
         changed = {}
         for key, state in self._by_source.items():
-            if state.acked > state.committed:
+            if state.acked > state.submitted:
                 changed[key] = state.acked
+                state.submitted = state.acked
                 if state.acked > state.synced:
                     self._emit_sync(state, state.acked, state.acked_downstream)
         if self._sync_producer is not None:
             self._sync_producer.poll(0)
-        if changed and self.progress.write(changed):
-            for key, offset in changed.items():
-                self._by_source[key].committed = offset
+        self.progress.submit(changed, self._progress_written)
+        if wait:
+            self.progress.flush(max(self._stop_deadline - time.monotonic(), 0.1))
+
+    def _progress_written(self, where: SourcePartition, offset: int) -> None:
+        state = self._by_source[where]
+        state.committed = max(state.committed, offset)
 
     def _update_lag(self) -> None:
         # A paused partition is not fetched, so its cached end offset would stand still.
@@ -379,15 +405,29 @@ class SourcePart(Part):
             nxt = state.acked + 1 if state.acked >= 0 else low
             state.stats.lag = max(high - max(nxt, low), 0)
 
-    def _refresh_topics(self) -> None:
-        """Find new topics and partitions; create or grow remote topics; assign."""
+    def _discover_topics(self, loop_done: threading.Event) -> None:
+        """Every refresh interval: find new topics and partitions, prepare remote topics."""
+        every = self.rules.refresh_topics_interval
+        while not loop_done.is_set():
+            try:
+                found = self._refresh_topics()
+            except Exception as exc:  # logged and counted; the next refresh tries again
+                log.error("flow %s: topic refresh failed: %s", self.flow.name, exc)
+                self.errors.inc()
+            else:
+                if found:
+                    self._found.put(found)
+            loop_done.wait(every if every != float("inf") else None)
+
+    def _refresh_topics(self) -> list[tuple[str, int, str]]:
+        """Create or grow remote topics; return the new (topic, partition, remote) to copy."""
         rt, flow = self.rules, self.flow
         try:
             source_counts = partition_counts(self._source_admin)
             target_counts = partition_counts(self._target_admin)
         except KafkaException as exc:
             log.warning("flow %s: listing topics failed, retrying later: %s", flow.name, exc)
-            return
+            return []
         replicated = {t: n for t, n in source_counts.items() if rt.should_replicate(t)}
         remote_of = {t: rt.remote_topic(t) for t in replicated}
         plan = plan_remote_topics({remote_of[t]: n for t, n in replicated.items()}, target_counts)
@@ -418,34 +458,37 @@ class SourcePart(Part):
                 log.error("flow %s: %s", flow.name, exc)
                 self.errors.inc()
                 ready.discard(topic)
+        new = [
+            (topic, partition, remote_of[topic])
+            for topic in sorted(ready)
+            for partition in range(replicated[topic])
+            if (topic, partition) not in self._discovered
+        ]
+        self._discovered.update((topic, partition) for topic, partition, _ in new)
+        return new
+
+    def _assign(self, found: list[tuple[str, int, str]]) -> None:
+        """Start copying newly found partitions (on the copy loop's thread)."""
         new: list[TopicPartition] = []
-        for topic in sorted(ready):
-            for partition in range(replicated[topic]):
-                key = (topic, partition)
-                if key in self._by_source:
-                    continue
-                state = PartitionState(
-                    topic,
-                    partition,
-                    remote_of[topic],
-                    self.stats.partition(remote_of[topic], partition),
-                )
-                stored = self._stored.get(key)
-                if stored is not None:
-                    state.acked = state.committed = stored
-                self._by_source[key] = state
-                self._by_remote[(state.remote_topic, partition)] = state
-                start = stored + 1 if stored is not None else OFFSET_BEGINNING
-                new.append(TopicPartition(topic, partition, start))
-        if new:
-            self._consumer.incremental_assign(new)
-            if self._consumer_paused:
-                self._consumer.pause([TopicPartition(tp.topic, tp.partition) for tp in new])
-            log.info(
-                "flow %s: now copying %s",
-                flow.name,
-                ", ".join(f"{tp.topic}-{tp.partition}" for tp in new),
+        for topic, partition, remote in found:
+            state = PartitionState(
+                topic, partition, remote, self.stats.partition(remote, partition)
             )
+            stored = self._stored.get((topic, partition))
+            if stored is not None:
+                state.acked = state.committed = state.submitted = stored
+            self._by_source[(topic, partition)] = state
+            self._by_remote[(remote, partition)] = state
+            start = stored + 1 if stored is not None else OFFSET_BEGINNING
+            new.append(TopicPartition(topic, partition, start))
+        self._consumer.incremental_assign(new)
+        if self._consumer_paused:
+            self._consumer.pause([TopicPartition(tp.topic, tp.partition) for tp in new])
+        log.info(
+            "flow %s: now copying %s",
+            self.flow.name,
+            ", ".join(f"{tp.topic}-{tp.partition}" for tp in new),
+        )
 
     def _creation_configs(self, topics: list[str]) -> dict[str, dict[str, str] | str]:
         """The synced configs new remote topics are created with (or why they are unknown)."""
@@ -472,10 +515,10 @@ class SourcePart(Part):
 
     def _shutdown(self) -> None:
         """Flush what is in flight, record progress, close clients."""
-        deadline = time.monotonic() + STOP_FLUSH_TIMEOUT
+        self._stop_deadline = deadline = time.monotonic() + STOP_FLUSH_TIMEOUT
         try:
             self._producer.flush(max(deadline - time.monotonic(), 0.1))
-            self._commit_progress()
+            self._commit_progress(wait=True)
             if self._sync_producer is not None:
                 self._sync_producer.flush(max(deadline - time.monotonic(), 0.1))
         finally:
