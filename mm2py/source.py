@@ -50,6 +50,7 @@ POLL_TIMEOUT = 0.1
 PROGRESS_INTERVAL = 1.0
 LAG_INTERVAL = 1.0
 STOP_FLUSH_TIMEOUT = 7.0
+PAUSE_TIMEOUT = 5.0
 
 # Exact translation of old positions needs old syncs: compaction keeps only the
 # newest sync per partition, so keep a week of syncs out of its reach.
@@ -67,7 +68,9 @@ CONSUMER_TUNING: dict[str, Any] = {
 PRODUCER_TUNING: dict[str, Any] = {
     "acks": "all",
     "enable.idempotence": True,
-    "linger.ms": 5,
+    # Batches still fill while earlier requests are in flight; waiting longer
+    # only adds latency.
+    "linger.ms": 1,
     "batch.size": 1000000,
     "queue.buffering.max.kbytes": 65536,
     "queue.buffering.max.messages": 200000,
@@ -133,8 +136,12 @@ class SourcePart(Part):
     # connections stay, so resuming continues with the next record, none lost or
     # read twice.
 
-    def pause(self) -> None:
+    def pause(self, timeout: float = PAUSE_TIMEOUT) -> None:
+        """Pause; returns once the copy loop has paused its consumer (or `timeout`)."""
         self.paused = True
+        deadline = time.monotonic() + timeout
+        while self.running and not self._consumer_paused and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def resume(self, timeout: float = 9.0) -> None:
         self.paused = False
@@ -153,7 +160,7 @@ class SourcePart(Part):
         ]
         if paused:
             self._consumer.pause(tps)
-            log.info("flow %s: paused; no records are read until resumed %s %s", self.flow.name, tps, self._consumer.assignment())
+            log.info("flow %s: paused; no records are read until resumed", self.flow.name)
         else:
             self._consumer.resume(tps)
             log.info("flow %s: resumed", self.flow.name)
@@ -247,8 +254,6 @@ class SourcePart(Part):
                 if first is not None:
                     msgs = [first, *consumer.consume(BATCH_SIZE - 1, 0)]
             wall = time.time()
-            if msgs and self._consumer_paused:
-                log.warning("DEBUG got %s while paused", [(m.topic(), m.partition(), m.offset()) for m in msgs][:5])
             for msg in msgs:
                 if msg.error() is not None:
                     self._consume_error(msg)
