@@ -228,8 +228,10 @@ def _add_translate_offsets(sub: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument("--group", required=True, help="consumer group id")
     p.add_argument(
         "--topic",
-        action="append",
-        help="only this topic (source or remote name); repeat for several",
+        action="extend",
+        nargs="+",
+        metavar="T",
+        help="only these topics (source or remote names): --topic T U or --topic T --topic U",
     )
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.add_argument(
