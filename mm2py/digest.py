@@ -111,21 +111,23 @@ class PartitionComparison:
 
     def add_source(self, offset: int, digest: bytes) -> None:
         self.source_records += 1
-        if not self.target_ended:
+        if self._target or not self.target_ended:
             self._source.append((offset, digest))
             self._pair()
 
     def add_target(self, offset: int, digest: bytes) -> None:
         self.target_records += 1
-        if not self.source_ended:
+        if self._source or not self.source_ended:
             self._target.append((offset, digest))
             self._pair()
 
     def end_source(self) -> None:
+        """No more source records: target records still waiting stay unpaired."""
         self.source_ended = True
         self._target.clear()
 
     def end_target(self) -> None:
+        """No more target records: source records still waiting stay unpaired."""
         self.target_ended = True
         self._source.clear()
 
