@@ -194,6 +194,7 @@ def test_fuzz_the_rest_api_no_server_error_no_secret(
             capture_output=True,
             text=True,
             timeout=120,
+            cwd=tmp_path,  # schemathesis keeps a cache folder in its working directory
         )
         log = daemon.log()
     assert fuzz.returncode == 0, fuzz.stdout[-3000:]
