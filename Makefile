@@ -5,8 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install jars demo test lint unit integration bench clean
+.PHONY: install jars prometheus demo test lint unit integration bench clean
 
 install: $(STAMP)
 
@@ -30,7 +31,13 @@ lint: install
 unit: install
 	$(BIN)/pytest -q tests/unit
 
-test: jars lint
+# The Grafana dashboard test runs a real Prometheus (Debian's package, as a plain
+# process, not a service).
+prometheus:
+	command -v prometheus >/dev/null || ($(SUDO) apt-get update \
+		&& $(SUDO) apt-get install -y --no-install-recommends prometheus)
+
+test: jars prometheus lint
 	$(BIN)/pytest -q -ra
 
 bench: jars
