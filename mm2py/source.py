@@ -125,10 +125,10 @@ class SourcePart(Part):
         self._consumer_paused = False
 
     def failed_partitions(self) -> dict[str, str]:
-        """Partitions stopped by a rejected record, with the reason."""
+        """Partitions stopped by a rejected record, with the reason (from any thread)."""
         return {
             f"{s.remote_topic}-{s.partition}": s.failure
-            for s in self._by_source.values()
+            for s in list(self._by_source.values())  # a copy: the loop may add partitions
             if s.failure is not None
         }
 
