@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 from mm2py.digest import (
@@ -13,6 +14,7 @@ from mm2py.digest import (
     record_digest,
 )
 from mm2py.offsets import Translation
+from mm2py.verify import ProgressBar
 
 
 def _d(i: int, value: bytes | None = None) -> bytes:
@@ -118,3 +120,12 @@ def test_report_table_and_json() -> None:
     assert doc["ok"] is False
     assert [p["status"] for p in doc["partitions"]] == ["match", "mismatch"]
     assert doc["partitions"][1]["first_difference"]["source_offset"] == 0
+
+
+def test_progress_bar_draws_one_line_and_clears_it() -> None:
+    stream = io.StringIO()
+    bar = ProgressBar(200, stream=stream, width=10)
+    bar(50)
+    assert stream.getvalue() == "\rverifying [##--------]  25%  50 records"
+    bar.close()
+    assert "\n" not in stream.getvalue() and stream.getvalue().endswith("\r")
