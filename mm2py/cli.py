@@ -161,7 +161,7 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--listen",
         default="127.0.0.1:8083",
-        help="address for /metrics (default 127.0.0.1:8083)",
+        help="address of the REST API and /metrics (default 127.0.0.1:8083)",
     )
     p.set_defaults(func=_run)
 
