@@ -66,7 +66,7 @@ from mm2py.flow import FlowRules
 from mm2py.formats import Checkpoint, OffsetSync
 from mm2py.metrics import Metrics
 from mm2py.offsets import OffsetSyncStore, Translation
-from mm2py.parts import Part
+from mm2py.parts import FlowPart
 from mm2py.policy import checkpoint_topic
 from mm2py.topics import ensure_internal_topic
 
@@ -378,7 +378,7 @@ def _topic_partition(cp: Checkpoint) -> TopicPartition:
 # -------------------------------------------------------------------- the part
 
 
-class CheckpointPart(Part):
+class CheckpointPart(FlowPart):
     """Writes checkpoints of one flow's consumer groups; optionally syncs group offsets."""
 
     name = "checkpoint"
@@ -390,10 +390,7 @@ class CheckpointPart(Part):
         target: ClusterConfig,
         metrics: Metrics,
     ) -> None:
-        super().__init__(flow, metrics)
-        self.rules = FlowRules(flow)
-        self.source = source
-        self.target = target
+        super().__init__(flow, source, target, metrics)
         self.checkpoints_topic = self.rules.policy.checkpoints_topic(flow.source)
         self.groups: set[str] = set()
         self._latency = metrics.checkpoint_latency

@@ -8,7 +8,8 @@ import traceback
 from abc import ABC, abstractmethod
 
 from mm2py import logs
-from mm2py.config import FlowConfig
+from mm2py.config import ClusterConfig, FlowConfig
+from mm2py.flow import FlowRules
 from mm2py.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -86,3 +87,15 @@ class Part(ABC):
             self.error_trace = traceback.format_exc()
             self.errors.inc()
             log.error("flow %s: %s part failed: %s", self.flow.name, self.name, exc, exc_info=True)
+
+
+class FlowPart(Part):
+    """A part that works between its flow's two clusters, by the flow's rules."""
+
+    def __init__(
+        self, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, metrics: Metrics
+    ) -> None:
+        super().__init__(flow, metrics)
+        self.rules = FlowRules(flow)
+        self.source = source
+        self.target = target

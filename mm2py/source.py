@@ -27,11 +27,10 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicP
 
 from mm2py import clients
 from mm2py.config import ClusterConfig, FlowConfig
-from mm2py.flow import FlowRules
 from mm2py.formats import OffsetSync
 from mm2py.logs import partition_fields
 from mm2py.metrics import Metrics, PartitionStats, ReplicationStats
-from mm2py.parts import Part
+from mm2py.parts import FlowPart
 from mm2py.progress import ProgressStore, SourcePartition
 from mm2py.sync import ConfigPropertyFilter, remote_topic_configs
 from mm2py.topics import (
@@ -100,7 +99,7 @@ class PartitionState:
     failed_size: int = 0
 
 
-class SourcePart(Part):
+class SourcePart(FlowPart):
     """Copies every replicated topic of one flow."""
 
     name = "source"
@@ -112,10 +111,7 @@ class SourcePart(Part):
         target: ClusterConfig,
         metrics: Metrics,
     ) -> None:
-        super().__init__(flow, metrics)
-        self.rules = FlowRules(flow)
-        self.source = source
-        self.target = target
+        super().__init__(flow, source, target, metrics)
         self.stats = ReplicationStats(flow.source, flow.target)
         self._config_filter = ConfigPropertyFilter(flow.settings.config_properties_exclude)
         metrics.replication.add(self.stats)

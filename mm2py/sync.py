@@ -41,9 +41,8 @@ from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 from mm2py import clients
 from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.filters import compile_pattern_list
-from mm2py.flow import FlowRules
 from mm2py.metrics import Metrics
-from mm2py.parts import Part
+from mm2py.parts import FlowPart
 from mm2py.topics import ADMIN_TIMEOUT, partition_counts
 
 log = logging.getLogger(__name__)
@@ -327,7 +326,7 @@ def has_authorizer(admin: AdminClient) -> bool | None:
 # -- the part -----------------------------------------------------------------------
 
 
-class SyncPart(Part):
+class SyncPart(FlowPart):
     """Keeps the remote topics' configs and ACLs of one flow in step with the source."""
 
     name = "sync"
@@ -339,10 +338,7 @@ class SyncPart(Part):
         target: ClusterConfig,
         metrics: Metrics,
     ) -> None:
-        super().__init__(flow, metrics)
-        self.rules = FlowRules(flow)
-        self.source = source
-        self.target = target
+        super().__init__(flow, source, target, metrics)
         settings = flow.settings
         self.config_period = settings.period("sync.topic.configs")
         self.acl_period = settings.period("sync.topic.acls")
