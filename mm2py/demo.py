@@ -74,6 +74,9 @@ def run_demo(
     out: Callable[[str], None] = print,
 ) -> None:
     """Run the demo until interrupted (or for `seconds`)."""
+    # The demo shows the records; the daemon's routine log lines would bury them.
+    for name in ("mm2py", "uvicorn"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     a, b = LocalKafka().up(["A", "B"])
     out(f"cluster A on {a.bootstrap_servers}, cluster B on {b.bootstrap_servers}")
     create_topic(clients.admin_client(a.client_properties()), "A", DEMO_TOPIC, 3, 1)
