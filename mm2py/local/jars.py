@@ -28,15 +28,15 @@ def cache_root() -> Path:
     return Path(os.environ.get("MM2PY_CACHE", Path.home() / ".cache" / "mm2py"))
 
 
-def jar_dir() -> Path:
-    """The cache folder for the current pom (a changed pom gets a new folder)."""
-    digest = hashlib.sha256(POM.read_bytes()).hexdigest()[:12]
+def jar_dir(pom: Path = POM) -> Path:
+    """The cache folder for a pom (a changed pom gets a new folder)."""
+    digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
     return cache_root() / f"jars-{digest}"
 
 
-def fetch_jars() -> Path:
-    """Download the pom's dependencies into the cache if they are not there yet."""
-    target = jar_dir()
+def fetch_jars(pom: Path = POM) -> Path:
+    """Download the pom's dependencies (default: the Kafka jars) into the cache once."""
+    target = jar_dir(pom)
     marker = target / ".complete"
     if marker.exists():
         return target
@@ -45,13 +45,13 @@ def fetch_jars() -> Path:
         raise JarFetchError("Maven (mvn) is not on PATH; install it (apt-get install maven)")
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    log.info("fetching Kafka jars from Maven Central into %s", target)
+    log.info("fetching the jars of %s from Maven Central into %s", pom.name, target)
     cmd = [
         mvn,
         "-q",
         "-B",
         "-f",
-        str(POM),
+        str(pom),
         "dependency:copy-dependencies",
         f"-DoutputDirectory={partial}",
         "-DincludeScope=runtime",
