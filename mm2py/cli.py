@@ -314,6 +314,129 @@ def _add_verify(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(func=_verify)
 
 
+# -- mm2py backfill --------------------------------------------------------------
+
+
+def _backfill(args: argparse.Namespace) -> int:
+    import re
+
+    from confluent_kafka import KafkaException
+
+    from mm2py.backfill.job import BackfillError, BackfillOptions, format_summary, run_backfill
+    from mm2py.backfill.plan import TimeBoundError, parse_time_bound
+    from mm2py.config import ConfigError
+    from mm2py.translate import check_aliases
+
+    config = _load(args.config)
+    try:
+        check_aliases(config, args.source, args.target)
+        topics = re.compile(args.topics) if args.topics is not None else None
+        options = BackfillOptions(
+            args.source,
+            args.target,
+            topics,
+            parse_time_bound(args.from_, "earliest"),
+            parse_time_bound(args.until, "now"),
+            args.master,
+            args.range_records,
+            args.parallelism,
+        )
+    except ConfigError as err:
+        print(f"mm2py: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except re.error as err:
+        print(f"mm2py backfill: --topics: invalid regular expression: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except TimeBoundError as err:
+        print(f"mm2py backfill: --from/--until: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    tty = sys.stderr.isatty()
+
+    def show(line: str) -> None:
+        # On a terminal one line is rewritten in place; in a log, one line per update.
+        sys.stderr.write(f"\r\033[K{line}" if tty else f"{line}\n")
+        sys.stderr.flush()
+
+    try:
+        summary = run_backfill(config, options, show)
+    except (BackfillError, KafkaException) as err:
+        print(f"{chr(10) if tty else ''}mm2py backfill: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    if tty:
+        sys.stderr.write("\n")
+    sys.stdout.write(format_summary(summary))
+    return EXIT_OK
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _add_backfill(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from mm2py.backfill.plan import DEFAULT_RANGE_RECORDS
+
+    p = sub.add_parser(
+        "backfill",
+        help="bulk-copy a flow's history with Spark, then hand over to `mm2py run`",
+        description=(
+            "Copy the records of the flow's topics (offsets fixed when it starts) to their "
+            "remote topics with a PySpark job: same partition, key, value, headers and "
+            "timestamp, aborted transactions left out. Writes offset syncs and the progress "
+            "`mm2py run` (or MM2) continues from. Run again after an interruption: completed "
+            "ranges are not copied again. Also runs under spark-submit "
+            "(mm2py/backfill/submit.py)."
+        ),
+    )
+    p.add_argument("config", type=Path, help="mm2.properties (MM2 format) or .yaml/.yml")
+    p.add_argument("--source", required=True, help="alias of the source cluster")
+    p.add_argument("--target", required=True, help="alias of the target cluster")
+    p.add_argument(
+        "--topics",
+        default=None,
+        metavar="REGEX",
+        help="only the flow's topics whose (source) name matches in full (default: all)",
+    )
+    p.add_argument(
+        "--from",
+        dest="from_",
+        default="earliest",
+        metavar="WHEN",
+        help="earliest (default), an ISO-8601 time (UTC unless it says) or epoch ms: "
+        "start at the first record with a timestamp at or after it",
+    )
+    p.add_argument(
+        "--until",
+        default="now",
+        metavar="WHEN",
+        help="now (default: the end offsets when the backfill starts), an ISO-8601 time "
+        "or epoch ms: stop before the first record with a timestamp at or after it",
+    )
+    p.add_argument(
+        "--master",
+        default=None,
+        help="Spark master (default: spark-submit's, else local[*])",
+    )
+    p.add_argument(
+        "--range-records",
+        type=_positive,
+        default=DEFAULT_RANGE_RECORDS,
+        metavar="N",
+        help="split partitions into ranges of at most N offsets "
+        f"(default {DEFAULT_RANGE_RECORDS:,})",
+    )
+    p.add_argument(
+        "--parallelism",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="ranges copying at once (default: Spark's default parallelism, e.g. N of local[N])",
+    )
+    p.set_defaults(func=_backfill)
+
+
 # -- mm2py status ----------------------------------------------------------------
 
 
@@ -435,6 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
     _add_translate_offsets(sub)
     _add_verify(sub)
+    _add_backfill(sub)
     _add_status(sub)
     _add_local(sub)
     _add_demo(sub)
