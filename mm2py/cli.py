@@ -362,6 +362,13 @@ def _backfill(args: argparse.Namespace) -> int:
     except (BackfillError, KafkaException) as err:
         print(f"{chr(10) if tty else ''}mm2py backfill: {err}", file=sys.stderr)
         return EXIT_FAILED
+    except KeyboardInterrupt:
+        print(
+            f"{chr(10) if tty else ''}mm2py backfill: interrupted; run it again to continue "
+            "from the last commit of each partition",
+            file=sys.stderr,
+        )
+        return 130
     if tty:
         sys.stderr.write("\n")
     sys.stdout.write(format_summary(summary))
