@@ -363,10 +363,17 @@ class LocalKafka:
 
 
 def _cluster_id() -> str:
-    """A random KRaft cluster id (base64url of 16 random bytes, as Kafka's Uuid)."""
+    """A random KRaft cluster id (base64url of 16 random bytes, as Kafka's Uuid).
+
+    Like Kafka's Uuid.randomUuid, never one that starts with "-": the storage
+    tool would read it as an option.
+    """
     import base64
 
-    return base64.urlsafe_b64encode(secrets.token_bytes(16)).decode().rstrip("=")
+    while True:
+        cid = base64.urlsafe_b64encode(secrets.token_bytes(16)).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 RESERVED_PORTS = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
