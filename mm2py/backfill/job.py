@@ -106,10 +106,16 @@ def run_backfill(
     on_progress: Callable[[str], None] = lambda _line: None,
 ) -> BackfillSummary:
     """Copy the planned ranges of flow source->target; raise BackfillError on failure."""
+    from mm2py.daemon import ClusterAccessError, check_cluster_access
+
     started = time.monotonic()
     flow = config.flow(options.source, options.target)
     source, target = config.cluster(flow.source), config.cluster(flow.target)
     rules = FlowRules(flow)
+    try:
+        check_cluster_access(config, [flow.source, flow.target])
+    except ClusterAccessError as exc:
+        raise BackfillError(str(exc)) from None
     source_admin = clients.admin_client(source.librdkafka("admin"))
     target_admin = clients.admin_client(target.librdkafka("admin"))
     try:
@@ -130,25 +136,31 @@ def run_backfill(
     _ensure_remote_topics(flow, rules, source_admin, target_admin, topics, remote_of)
     syncs_cluster = source if rules.offset_syncs_on_source else target
     syncs_topic = None
-    if rules.settings.emit_offset_syncs_enabled:
-        syncs_topic = rules.offset_syncs_topic
-        ensure_internal_topic(
-            source_admin if rules.offset_syncs_on_source else target_admin,
-            syncs_cluster.alias,
-            syncs_topic,
-            1,
-            rules.settings.offset_syncs_topic_replication_factor,
-            OFFSET_SYNCS_TOPIC_CONFIG,
-        )
-    store = ProgressStore(
-        target.librdkafka("producer"),
-        flow.target,
-        flow.source,
-        flow.offsets_topic,
-        rules.settings.offset_storage_replication_factor,
-    )
     try:
-        stored = store.load()
+        if rules.settings.emit_offset_syncs_enabled:
+            syncs_topic = rules.offset_syncs_topic
+            ensure_internal_topic(
+                source_admin if rules.offset_syncs_on_source else target_admin,
+                syncs_cluster.alias,
+                syncs_topic,
+                1,
+                rules.settings.offset_syncs_topic_replication_factor,
+                OFFSET_SYNCS_TOPIC_CONFIG,
+            )
+        store = ProgressStore(
+            target.librdkafka("producer"),
+            flow.target,
+            flow.source,
+            flow.offsets_topic,
+            rules.settings.offset_storage_replication_factor,
+        )
+    except TopicAdminError as exc:
+        raise BackfillError(str(exc)) from None
+    try:
+        try:
+            stored = store.load()
+        except (TimeoutError, RuntimeError) as exc:
+            raise BackfillError(f"reading progress on cluster {flow.target}: {exc}") from None
         bounds = read_bounds(source_admin, flow.source, topics, options, stored)
         plan = plan_backfill(bounds, options.range_records)
         summary = BackfillSummary(
