@@ -166,7 +166,7 @@ class _Marks:
         # The latest record: after the last acknowledged one, with no source gap between.
         upstream, index, downstream = acks[-1]
         self.last = (last_upstream, downstream + last_index - index)
-        if syncs[-1][0] != last_upstream:
+        if not syncs or syncs[-1][0] != last_upstream:
             syncs.append(self.last)
         return syncs
 
