@@ -21,6 +21,7 @@ its own, so the daemon's parts and supervisor stay plain threads.
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from typing import Annotated, Any, Protocol
 
 import uvicorn
@@ -84,6 +85,17 @@ def build_app(control: FlowControl) -> FastAPI:
         problem = Problem(error_code=404, message=f"no flow {flow!r}; flows: {known}")
         return JSONResponse(problem.model_dump(), status_code=404)
 
+    def on_flow(
+        flow: str, action: Callable[[str], None] | None = None
+    ) -> FlowStatus | JSONResponse:
+        """Do `action` to the flow `flow` names, then answer its status (404 if none)."""
+        name = resolve_flow(flow, control.flow_names())
+        if name is None:
+            return unknown(flow)
+        if action is not None:
+            action(name)
+        return control.flow_status(name)
+
     @app.get("/", response_model=Version, summary="mm2py's version")
     def version() -> Version:
         return Version(version=__version__)
@@ -99,10 +111,7 @@ def build_app(control: FlowControl) -> FastAPI:
         summary="states of a flow's parts, its topics with lag and latency",
     )
     def flow_status(flow: FlowName) -> FlowStatus | JSONResponse:
-        name = resolve_flow(flow, control.flow_names())
-        if name is None:
-            return unknown(flow)
-        return control.flow_status(name)
+        return on_flow(flow)
 
     @app.put(
         "/flows/{flow}/pause",
@@ -112,11 +121,7 @@ def build_app(control: FlowControl) -> FastAPI:
         summary="stop reading records (positions are kept)",
     )
     def pause(flow: FlowName) -> FlowStatus | JSONResponse:
-        name = resolve_flow(flow, control.flow_names())
-        if name is None:
-            return unknown(flow)
-        control.pause_flow(name)
-        return control.flow_status(name)
+        return on_flow(flow, control.pause_flow)
 
     @app.put(
         "/flows/{flow}/resume",
@@ -126,11 +131,7 @@ def build_app(control: FlowControl) -> FastAPI:
         summary="continue a paused flow with the next record",
     )
     def resume(flow: FlowName) -> FlowStatus | JSONResponse:
-        name = resolve_flow(flow, control.flow_names())
-        if name is None:
-            return unknown(flow)
-        control.resume_flow(name)
-        return control.flow_status(name)
+        return on_flow(flow, control.resume_flow)
 
     @app.post(
         "/flows/{flow}/restart",
@@ -139,11 +140,7 @@ def build_app(control: FlowControl) -> FastAPI:
         summary="stop and start every part of a flow (retries stopped partitions)",
     )
     def restart(flow: FlowName) -> FlowStatus | JSONResponse:
-        name = resolve_flow(flow, control.flow_names())
-        if name is None:
-            return unknown(flow)
-        control.restart_flow(name)
-        return control.flow_status(name)
+        return on_flow(flow, control.restart_flow)
 
     @app.get(
         "/health",

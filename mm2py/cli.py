@@ -210,6 +210,17 @@ def _translate_offsets(args: argparse.Namespace) -> int:
     return status
 
 
+def _add_pair_arguments(
+    p: argparse.ArgumentParser,
+    source_help: str = "alias of the source cluster",
+    target_help: str = "alias of the target cluster",
+) -> None:
+    """CONFIG, --source and --target: the flow a command works on."""
+    p.add_argument("config", type=Path, help="mm2.properties (MM2 format) or .yaml/.yml")
+    p.add_argument("--source", required=True, help=source_help)
+    p.add_argument("--target", required=True, help=target_help)
+
+
 def _add_translate_offsets(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "translate-offsets",
@@ -222,9 +233,9 @@ def _add_translate_offsets(sub: argparse._SubParsersAction[argparse.ArgumentPars
             "1 something could not be translated, 2 usage error or --apply refused."
         ),
     )
-    p.add_argument("config", type=Path, help="mm2.properties (MM2 format) or .yaml/.yml")
-    p.add_argument("--source", required=True, help="alias of the cluster the group ran on")
-    p.add_argument("--target", required=True, help="alias of the cluster to fail over to")
+    _add_pair_arguments(
+        p, "alias of the cluster the group ran on", "alias of the cluster to fail over to"
+    )
     p.add_argument("--group", required=True, help="consumer group id")
     p.add_argument(
         "--topic",
@@ -300,9 +311,7 @@ def _add_verify(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
             "2 on a usage error."
         ),
     )
-    p.add_argument("config", type=Path, help="mm2.properties (MM2 format) or .yaml/.yml")
-    p.add_argument("--source", required=True, help="alias of the source cluster")
-    p.add_argument("--target", required=True, help="alias of the target cluster")
+    _add_pair_arguments(p)
     p.add_argument(
         "--topics",
         default=None,
@@ -397,9 +406,7 @@ def _add_backfill(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             "(mm2py/backfill/submit.py)."
         ),
     )
-    p.add_argument("config", type=Path, help="mm2.properties (MM2 format) or .yaml/.yml")
-    p.add_argument("--source", required=True, help="alias of the source cluster")
-    p.add_argument("--target", required=True, help="alias of the target cluster")
+    _add_pair_arguments(p)
     p.add_argument(
         "--topics",
         default=None,

@@ -228,7 +228,7 @@ class Daemon:
         now = time.monotonic()
         for sup in self.parts:
             part = sup.part
-            if part.running or part.paused:
+            if part.running or part.idle_by_request:
                 continue
             if sup.restart_at is None:
                 sup.failures += 1
@@ -321,7 +321,7 @@ class Daemon:
     def _part_status(sup: Supervised) -> PartStatus:
         part = sup.part
         failed = part.failed_partitions() if isinstance(part, SourcePart) else {}
-        if part.paused:
+        if part.paused and (part.running or part.idle_by_request):
             return PartStatus(part=part.name, state="PAUSED", restarts=sup.failures)
         if part.running:
             return PartStatus(

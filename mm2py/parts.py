@@ -22,11 +22,15 @@ class Part(ABC):
     in mm2py_errors_total{part=name} and the daemon restarts the part with backoff.
 
     `pause()` stops the part's work until `resume()`; by default by stopping its
-    run (the daemon does not restart a paused part), a part that can pause in
-    place (the source part) overrides both.
+    run (the daemon does not restart a part paused so). A part that can pause in
+    place (the source part) overrides both and sets `pauses_in_place`: its run
+    goes on while paused, and is restarted (paused) if it fails meanwhile.
     """
 
     name = "part"
+    # True for a part whose pause() keeps its run going (paused in place): the
+    # daemon restarts such a run if it fails while paused, and it starts paused.
+    pauses_in_place = False
 
     def __init__(self, flow: FlowConfig, metrics: Metrics) -> None:
         self.flow = flow
@@ -77,6 +81,11 @@ class Part(ABC):
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def idle_by_request(self) -> bool:
+        """Not running because it was paused (not because it failed)."""
+        return self.paused and not self.pauses_in_place
 
     def _run_guarded(self) -> None:
         logs.set_context(flow=self.flow.name, part=self.name)

@@ -24,7 +24,7 @@ from mm2py.formats import (
     encode_progress_value,
     partition_for_key,
 )
-from mm2py.topics import ensure_internal_topic
+from mm2py.topics import await_partitions, ensure_internal_topic
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,7 @@ class ProgressStore:
             DEFAULT_OFFSET_STORAGE_PARTITIONS,
             replication_factor,
         )
-        meta = self._admin.list_topics(self.topic, timeout=30).topics[self.topic]
-        self.partitions = len(meta.partitions)
+        self.partitions = await_partitions(self._admin, target_alias, self.topic)
         self._producer = clients.producer(
             target_props, {"acks": "all", "enable.idempotence": True, "linger.ms": 0}
         )

@@ -35,6 +35,7 @@ from mm2py.progress import ProgressStore, SourcePartition
 from mm2py.sync import ConfigPropertyFilter, remote_topic_configs
 from mm2py.topics import (
     TopicAdminError,
+    await_partitions,
     create_topic,
     ensure_internal_topic,
     grow_topic,
@@ -103,6 +104,7 @@ class SourcePart(FlowPart):
     """Copies every replicated topic of one flow."""
 
     name = "source"
+    pauses_in_place = True
 
     def __init__(
         self,
@@ -503,16 +505,7 @@ class SourcePart(FlowPart):
         Without this, producing to a partition created a moment ago fails with
         "unknown partition" until librdkafka's next periodic metadata refresh.
         """
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            meta = self._producer.list_topics(remote, timeout=10).topics.get(remote)
-            if meta is not None and meta.error is None and len(meta.partitions) >= partitions:
-                return
-            time.sleep(0.2)
-        raise TopicAdminError(
-            f"cluster {self.flow.target} does not show {partitions} partitions of {remote} "
-            "after creating them"
-        )
+        await_partitions(self._producer, self.flow.target, remote, partitions)
 
     def _shutdown(self) -> None:
         """Flush what is in flight, record progress, close clients."""

@@ -7,8 +7,10 @@ is a few AdminClient calls whose failures say which topic, which cluster, why.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -46,6 +48,35 @@ def partition_counts(admin: AdminClient, timeout: float = ADMIN_TIMEOUT) -> dict
     """Every topic of a cluster with its partition count."""
     meta = admin.list_topics(timeout=timeout)
     return {name: len(t.partitions) for name, t in meta.topics.items() if t.error is None}
+
+
+def await_partitions(
+    client: Any,
+    cluster_alias: str,
+    name: str,
+    at_least: int = 1,
+    timeout: float = ADMIN_TIMEOUT,
+) -> int:
+    """The partition count of `name` once `client`'s metadata shows at least `at_least`.
+
+    A topic created a moment ago may still be missing from the metadata, or show no
+    partitions; producing to it then fails with "unknown partition". `client` is any
+    confluent-kafka client (each has its own metadata cache).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            meta = client.list_topics(name, timeout=min(10.0, timeout)).topics.get(name)
+        except KafkaException:
+            meta = None
+        if meta is not None and meta.error is None and len(meta.partitions) >= at_least:
+            return len(meta.partitions)
+        if time.monotonic() > deadline:
+            raise TopicAdminError(
+                f"cluster {cluster_alias} does not show {at_least} partition(s) of topic "
+                f"{name!r} after {timeout:.0f} s"
+            )
+        time.sleep(0.2)
 
 
 def create_topic(

@@ -52,6 +52,7 @@ from mm2py.sync import ConfigPropertyFilter, remote_topic_configs
 from mm2py.topics import (
     ADMIN_TIMEOUT,
     TopicAdminError,
+    await_partitions,
     create_topic,
     ensure_internal_topic,
     grow_topic,
@@ -238,20 +239,10 @@ def _ensure_remote_topics(
             )
         for remote, partitions in plan.grow.items():
             grow_topic(target_admin, flow.target, remote, partitions)
+        for topic, partitions in topics.items():
+            await_partitions(target_admin, flow.target, remote_of[topic], partitions)
     except TopicAdminError as exc:
         raise BackfillError(str(exc)) from None
-    deadline = time.monotonic() + ADMIN_TIMEOUT
-    for topic, partitions in topics.items():
-        remote = remote_of[topic]
-        while True:
-            meta = target_admin.list_topics(remote, timeout=10).topics.get(remote)
-            if meta is not None and meta.error is None and len(meta.partitions) >= partitions:
-                break
-            if time.monotonic() > deadline:
-                raise BackfillError(
-                    f"cluster {flow.target} does not show {partitions} partitions of {remote}"
-                )
-            time.sleep(0.2)
 
 
 def _list_offsets(

@@ -42,6 +42,12 @@ def _topic(status: dict[str, Any], remote: str) -> dict[str, Any] | None:
     return next((t for t in status["topics"] if t["topic"] == remote), None)
 
 
+def _topic_with_lag(daemon: RunningDaemon, remote: str, lag: int) -> dict[str, Any] | None:
+    """The remote topic's status once its lag is `lag`."""
+    topic = _topic(_status(daemon), remote)
+    return topic if topic is not None and topic["lag_records"] == lag else None
+
+
 def _contents(records: list[Rec]) -> dict[int, list[tuple[object, ...]]]:
     out: dict[int, list[tuple[object, ...]]] = defaultdict(list)
     for rec in sorted(records, key=lambda r: (r.partition, r.offset)):
@@ -81,7 +87,7 @@ def test_pause_stops_reading_and_resume_continues_without_gap_or_duplicate(
         produce(cluster_a, unique, _batch(100, 60))
         # The lag shows the 60 records; none of them reaches the target while paused.
         wait_until(
-            lambda: (_topic(_status(daemon), remote) or {}).get("lag_records") == 60,
+            lambda: _topic_with_lag(daemon, remote, 60),
             timeout=30,
             what="lag of 60 records while paused",
         )
@@ -123,11 +129,15 @@ def test_pause_stops_reading_and_resume_continues_without_gap_or_duplicate(
         code, problem = _call(daemon, "GET", "/flows/X-%3EY/status")
         assert code == 404 and "A->B" in problem["message"]
         assert 'mm2py_flow_info{flow="A->B",source="A",target="B"} 1.0' in daemon.metrics()
-        status = _status(daemon)
         assert _contents(read_all(cluster_b, remote)) == _contents(read_all(cluster_a, unique))
+        # The lag is refreshed every second: it reaches 0 once the copy is seen.
+        topic = wait_until(
+            lambda: _topic_with_lag(daemon, remote, 0),
+            timeout=30,
+            what="lag 0 after the copy",
+        )
 
-    topic = _topic(status, remote)
-    assert topic is not None and topic["lag_records"] == 0 and topic["partitions"] == 2
+    assert topic["partitions"] == 2
     assert topic["latency_p50_seconds"] is not None and topic["latency_p50_seconds"] > 0
     # JSON logs: one object per line, with flow (and part) on the parts' events.
     events = [json.loads(line) for line in daemon.log().splitlines() if line.startswith("{")]
