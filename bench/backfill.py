@@ -7,11 +7,12 @@
 
 Each system copies its own pre-filled topic from A to B: `mm2py backfill` with
 `--master local[1]` and `local[2]`, and `mm2py run` (the daemon) starting from
-the earliest offset. The copy rate is measured as bench.replication measures it,
-from B's high watermarks: (records - records seen at the first sample that shows any)
-/ (time from that sample to the one showing all), so start-up (the JVM and
-Python workers of Spark, the daemon's imports) is excluded from records/s and
-reported apart (startup_s, and wall_s for the backfill's whole command).
+the earliest offset. The copy rate is measured as bench.replication measures it
+(bench.common.watch_copy), from B's high watermarks: (records - records seen at the
+first sample that shows any) / (time from that sample to the one showing all), so
+start-up (the JVM and Python workers of Spark, the daemon's imports) is excluded
+from records/s and reported apart (startup_s, and wall_s for the backfill's whole
+command).
 
 --data-path adds the comparison behind the backfill's design: Spark's own Kafka
 connector (spark-sql-kafka-0-10, fetched by Maven from bench/spark-kafka-pom.xml)
@@ -35,40 +36,42 @@ import json
 import logging
 import os
 import re
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Final
 
 from confluent_kafka import KafkaException, TopicPartition
 
 from bench.common import (
     MIB,
+    ReplicatorError,
+    Running,
     ToolError,
     Workload,
     bench_topic,
     create_topic,
     delete_topics,
+    emit,
     end_offsets,
     logs_dir,
     prefill,
+    running_command,
+    watch_copy,
 )
 from bench.replication import (
     MM2PY,
-    SAMPLE_INTERVAL,
-    ReplicatorError,
-    Running,
     bench_clusters,
+    copy_line,
     replicating,
     result_line,
+    topic_properties,
 )
 from mm2py import clients
 from mm2py.local.jars import fetch_jars
 from mm2py.local.launcher import LocalCluster
-from mm2py.local.mirrormaker import mm2_properties, render_properties
+from mm2py.local.mirrormaker import render_properties
 
 log = logging.getLogger("bench.backfill")
 
@@ -89,21 +92,10 @@ CONNECTOR_JARS: Final = (
 _SUMMARY = re.compile(r"copying: (?P<s>[\d.]+) s, (?P<rps>[\d,]+) records/s")
 
 
-def _emit(line: dict[str, Any]) -> None:
-    print(json.dumps(line), flush=True)
-
-
 def _config(source: LocalCluster, target: LocalCluster, topic: str, run_dir: Path) -> Path:
-    """The same MM2 properties the daemon gets in bench.replication, for `topic` only."""
-    props = mm2_properties(
-        source.alias,
-        source.bootstrap_servers,
-        target.alias,
-        target.bootstrap_servers,
-        re.escape(topic),
-    )
+    """The MM2 properties the daemon gets in bench.replication (topic_properties), as a file."""
     path = run_dir / f"backfill-{topic}.properties"
-    path.write_text(render_properties(props), encoding="latin-1")
+    path.write_text(render_properties(topic_properties(source, target, topic)), encoding="latin-1")
     return path
 
 
@@ -121,37 +113,8 @@ def backfilling(
     log_file = config.with_suffix("." + re.sub(r"\W", "", master) + ".log")
     cmd = [sys.executable, "-m", "mm2py.cli", "backfill", str(config)]
     cmd += ["--source", source.alias, "--target", target.alias, "--master", master, *extra]
-    with open(log_file, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    log.info("started mm2py backfill --master %s (pid %d), log %s", master, proc.pid, log_file)
-    try:
-        yield Running(f"backfill {master}", proc.pid, lambda: proc.poll() is None, log_file), proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def _copy_line(
-    system: str, workload: Workload, copy: Any, copied: int, **extra: Any
-) -> dict[str, Any]:
-    rate = copy.copied_in_window / copy.copy_s if copy.copy_s > 0 else None
-    return result_line(
-        system,
-        workload.label,
-        workload.records,
-        workload.record_bytes,
-        rate,
-        None if rate is None else rate * workload.record_bytes / MIB,
-        startup_s=round(copy.startup_s, 2),
-        copy_s=round(copy.copy_s, 2),
-        records_on_b=copied,
-        **extra,
-    )
+    with running_command(f"backfill {master}", cmd, log_file) as started:
+        yield started
 
 
 def measure_backfill(
@@ -171,7 +134,7 @@ def measure_backfill(
         load = os.getloadavg()[0]
         started = time.monotonic()
         with backfilling(master, topic, source, target, run_dir, extra) as (running, proc):
-            copy = watch(target, remote, workload, running, 600)
+            copy = watch_copy(target, remote, workload, running, 600, "read_uncommitted")
             code = proc.wait(120)
         wall = time.monotonic() - started
         if code != 0:
@@ -181,7 +144,7 @@ def measure_backfill(
     finally:
         delete_topics(source, [topic])
         delete_topics(target, [remote])
-    return _copy_line(
+    return copy_line(
         f"backfill-{master}",
         workload,
         copy,
@@ -205,57 +168,12 @@ def measure_daemon(
         prefill(source, topic, workload)
         load = os.getloadavg()[0]
         with replicating(MM2PY, topic, source, target, run_dir) as running:
-            copy = watch(target, remote, workload, running, 600)
+            copy = watch_copy(target, remote, workload, running, 600, "read_uncommitted")
         copied = _committed(target, remote)
     finally:
         delete_topics(source, [topic])
         delete_topics(target, [remote])
-    return _copy_line(DAEMON, workload, copy, copied, load_1m_before=round(load, 2))
-
-
-@dataclass(frozen=True)
-class Copy:
-    """How a system copied a pre-filled topic, as seen from B's end offsets."""
-
-    startup_s: float  # launch -> first copied record visible on B
-    copy_s: float  # first sample with records on B -> sample with all of them
-    copied_in_window: int  # records that arrived during copy_s
-
-
-def watch(
-    target: LocalCluster, remote: str, workload: Workload, running: Running, timeout: float
-) -> Copy:
-    """bench.replication.watch_copy's measurement, on high watermarks: the backfill's
-    records count when written, not when their transaction commits (up to 10 s later),
-    as the daemon's do. Commit markers add one offset per transaction (a few here)."""
-    launched = time.monotonic()
-    deadline = launched + timeout
-    consumer = clients.consumer(target.client_properties(), {"isolation.level": "read_uncommitted"})
-    first: tuple[float, int] | None = None
-    try:
-        while True:
-            before = time.monotonic()
-            have = 0
-            for p in range(workload.partitions):
-                try:
-                    tp = TopicPartition(remote, p)
-                    have += consumer.get_watermark_offsets(tp, timeout=5)[1]
-                except KafkaException:
-                    have = 0  # not created yet
-                    break
-            now = (before + time.monotonic()) / 2
-            if have and first is None:
-                first = (now, have)
-            if have >= workload.records:
-                assert first is not None
-                return Copy(first[0] - launched, now - first[0], workload.records - first[1])
-            if not running.is_running() and have < workload.records:
-                raise ReplicatorError(f"{running.system} exited early; see {running.log_file}")
-            if now > deadline:
-                raise ReplicatorError(f"{running.system}: {remote} has {have} records")
-            time.sleep(SAMPLE_INTERVAL)
-    finally:
-        consumer.close()
+    return copy_line(DAEMON, workload, copy, copied, load_1m_before=round(load, 2))
 
 
 def _committed(cluster: LocalCluster, topic: str) -> int:
@@ -429,13 +347,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for system in (s for s in SYSTEMS if s in args.systems):
             try:
-                _emit(runs[system]())
+                emit(runs[system]())
             except (ReplicatorError, ToolError, TimeoutError, KafkaException) as e:
                 failures += 1
                 log.error("%s failed: %s", system, e)
-                _emit({"system": system, "workload": workload.label, "error": str(e)})
+                emit({"system": system, "workload": workload.label, "error": str(e)})
         if args.data_path:
-            _emit(measure_connector(workload, clusters))
+            emit(measure_connector(workload, clusters))
     finally:
         if started is not None:
             started.down(["A", "B"])

@@ -1,4 +1,5 @@
-"""Shared pieces of the benchmarks: workloads, Kafka's perf tools, topics, peak memory.
+"""Shared pieces of the benchmarks: workloads, Kafka's perf tools, topics, the
+replicator processes under test and the copy they make, peak memory, JSON lines.
 
 Benchmarks run against the local clusters (`mm2py local up`): A is the source, B the
 target. Throughputs are in records/s and MiB/s (bytes / 2**20, as Kafka's tools
@@ -7,20 +8,23 @@ count "MB"), counting record values only (the workloads have no keys).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Final
+from typing import Any, Final
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.cimpl import NewTopic
 
 from mm2py import clients
@@ -41,6 +45,8 @@ FAST_PRODUCER_PROPS: Final[Mapping[str, str]] = {
     "batch.size": "1048576",
     "compression.type": "none",
 }
+# How often the copy watcher reads B's end offsets: the resolution of the copy time.
+SAMPLE_INTERVAL: Final = 0.05
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,15 @@ class Throughput:
 
 class ToolError(RuntimeError):
     """A Kafka tool failed or printed something we could not read."""
+
+
+class ReplicatorError(RuntimeError):
+    """A replicator under test exited or did not copy what it should."""
+
+
+def emit(line: dict[str, Any]) -> None:
+    """Print one result as a JSON line on stdout."""
+    print(json.dumps(line), flush=True)
 
 
 # -- clusters and topics ---------------------------------------------------------
@@ -270,6 +285,117 @@ def prefill(cluster: LocalCluster, topic: str, workload: Workload) -> Throughput
     if have != workload.records:
         raise ToolError(f"prefill of {topic} left {have} records, expected {workload.records}")
     return result
+
+
+# -- the replicators under test ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Running:
+    """A replicator process while it runs."""
+
+    system: str
+    pid: int
+    is_running: Callable[[], bool]
+    log_file: Path
+
+
+def check_alive(running: Running) -> None:
+    """Raise ReplicatorError if `running` has exited."""
+    if not running.is_running():
+        raise ReplicatorError(f"{running.system} exited early; see {running.log_file}")
+
+
+@contextmanager
+def running_command(
+    system: str, cmd: Sequence[str], log_file: Path
+) -> Iterator[tuple[Running, subprocess.Popen[bytes]]]:
+    """Run `cmd` as `system`, its output in `log_file`; on leaving, stop it if it still runs.
+
+    Stopping is SIGTERM, then a kill if it has not exited 20 s later. A non-zero exit
+    code is logged as a warning.
+    """
+    with open(log_file, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    log.info("started %s (pid %d), log %s", system, proc.pid, log_file)
+    try:
+        yield Running(system, proc.pid, lambda: proc.poll() is None, log_file), proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                log.warning("%s (pid %d) ignored SIGTERM for 20 s; killing it", system, proc.pid)
+                proc.kill()
+                proc.wait()
+        if proc.returncode != 0:
+            log.warning("%s exited with %s; see %s", system, proc.returncode, log_file)
+
+
+@dataclass(frozen=True)
+class Copy:
+    """How a system copied a pre-filled topic, as seen from B's end offsets."""
+
+    startup_s: float  # launch -> first copied record visible on B
+    copy_s: float  # first sample with records on B -> sample with all of them
+    copied_in_window: int  # records that arrived during copy_s
+
+
+def _remote_count(consumer: Any, topic: str, partitions: int) -> int:
+    """Records in `topic` on B now (0 while it or a partition leader does not exist yet)."""
+    total = 0
+    for p in range(partitions):
+        try:
+            total += consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1]
+        except KafkaException:
+            return 0  # not created yet
+    return total
+
+
+def watch_copy(
+    target: LocalCluster,
+    remote_topic: str,
+    workload: Workload,
+    running: Running,
+    timeout: float,
+    isolation: str = "read_committed",
+) -> Copy:
+    """Follow B's end offsets until `remote_topic` holds the whole workload.
+
+    Start-up (JVM, Connect worker, task assignment; Python imports, group join) is
+    excluded by timing from the first sample that sees copied records: the rate is
+    (records - records seen at that sample) / (time from that sample to the first
+    sample seeing all), so its resolution is SAMPLE_INTERVAL plus one offsets query.
+
+    `isolation` is the isolation.level of the offsets queries. The backfill is watched
+    with "read_uncommitted", on high watermarks: its records count when written, not
+    when their transaction commits (up to 10 s later), as the daemon's do. Commit
+    markers add one offset per transaction (a few per copy).
+    """
+    launched = time.monotonic()
+    deadline = launched + timeout
+    consumer = clients.consumer(target.client_properties(), {"isolation.level": isolation})
+    first: tuple[float, int] | None = None
+    try:
+        while True:
+            before = time.monotonic()
+            have = _remote_count(consumer, remote_topic, workload.partitions)
+            now = (before + time.monotonic()) / 2  # when the queries saw the counts
+            if have and first is None:
+                first = (now, have)
+            if have >= workload.records:
+                assert first is not None
+                return Copy(first[0] - launched, now - first[0], workload.records - first[1])
+            check_alive(running)
+            if now > deadline:
+                raise ReplicatorError(
+                    f"{running.system}: {remote_topic} on {target.alias} has {have} of "
+                    f"{workload.records} records after {timeout:.0f} s"
+                )
+            time.sleep(SAMPLE_INTERVAL)
+    finally:
+        consumer.close()
 
 
 # -- memory ----------------------------------------------------------------------

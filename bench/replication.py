@@ -31,20 +31,16 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argparse
-import json
 import logging
 import math
 import os
 import re
-import signal
 import socket
-import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
 
@@ -53,17 +49,24 @@ from confluent_kafka import KafkaException, TopicPartition
 from bench.common import (
     MIB,
     STANDARD_WORKLOADS,
+    Copy,
     PeakRss,
+    ReplicatorError,
+    Running,
     ToolError,
     Workload,
     bench_topic,
+    check_alive,
     create_topic,
     delete_topics,
+    emit,
     end_offsets,
     local_clusters,
     logs_dir,
     prefill,
     producer_performance,
+    running_command,
+    watch_copy,
 )
 from bench.pipe_limit import pipe_limit
 from mm2py import clients
@@ -87,8 +90,6 @@ WORKLOADS: Final = {"large": STANDARD_WORKLOADS[0], "small": STANDARD_WORKLOADS[
 
 # connect-mirror-maker.sh starts MM2 with -Xmx2G; give the JVM what users get.
 MM2_HEAP: Final = "2g"
-# How often the copy watcher reads B's end offsets: the resolution of the copy time.
-SAMPLE_INTERVAL: Final = 0.05
 # Latency test: a steady rate of 1 KiB records into 8 partitions for LATENCY_SECONDS.
 LATENCY_RATE: Final = 5000
 LATENCY_SECONDS: Final = 30
@@ -102,10 +103,6 @@ STEADY_WARMUP_SECONDS: Final = 5
 # The source producer sends each record at once, so its batching adds little to the
 # measured latency (the same small constant for both systems).
 STEADY_PRODUCER_PROPS: Final = {"acks": "1", "linger.ms": "0", "compression.type": "none"}
-
-
-class ReplicatorError(RuntimeError):
-    """A replicator under test exited or did not copy what it should."""
 
 
 # -- results ---------------------------------------------------------------------
@@ -136,6 +133,25 @@ def result_line(
         "peak_rss_mib": None if peak_rss_bytes is None else round(peak_rss_bytes / MIB, 1),
         **extra,
     }
+
+
+def copy_line(
+    system: str, workload: Workload, copy: Copy, copied: int, **extra: Any
+) -> dict[str, Any]:
+    """The line of `system` copying `workload` (watch_copy's `copy`, `copied` records on B)."""
+    rate = copy.copied_in_window / copy.copy_s if copy.copy_s > 0 else None
+    return result_line(
+        system,
+        workload.label,
+        workload.records,
+        workload.record_bytes,
+        rate,
+        None if rate is None else rate * workload.record_bytes / MIB,
+        startup_s=round(copy.startup_s, 2),
+        copy_s=round(copy.copy_s, 2),
+        records_on_b=copied,
+        **extra,
+    )
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -176,20 +192,22 @@ def bench_clusters() -> tuple[dict[str, LocalCluster], LocalKafka | None]:
 # -- the replicators under test ------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Running:
-    """A replicator process while it runs."""
-
-    system: str
-    pid: int
-    is_running: Callable[[], bool]
-    log_file: Path
-
-
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def topic_properties(source: LocalCluster, target: LocalCluster, topic: str) -> dict[str, str]:
+    """The MM2 properties every system gets here: replicate only `topic`, source->target."""
+    # The topic regex is anchored by MM2's matches().
+    return mm2_properties(
+        source.alias,
+        source.bootstrap_servers,
+        target.alias,
+        target.bootstrap_servers,
+        re.escape(topic),
+    )
 
 
 @contextmanager
@@ -197,14 +215,7 @@ def replicating(
     system: str, topic: str, source: LocalCluster, target: LocalCluster, run_dir: Path
 ) -> Iterator[Running]:
     """Run `system` (MM2 or mm2py) replicating only `topic` source->target; stop it after."""
-    # The same config for both systems; the topic regex is anchored by MM2's matches().
-    props = mm2_properties(
-        source.alias,
-        source.bootstrap_servers,
-        target.alias,
-        target.bootstrap_servers,
-        re.escape(topic),
-    )
+    props = topic_properties(source, target, topic)  # the same config for both systems
     if system == MIRRORMAKER2:
         mm2 = RealMirrorMaker(props, run_dir / f"mm2-{topic}", heap=MM2_HEAP)
         with mm2:
@@ -213,25 +224,10 @@ def replicating(
         return
     config = run_dir / f"mm2py-{topic}.properties"
     config.write_text(render_properties(props), encoding="latin-1")
-    log_file = config.with_suffix(".log")
     cmd = [sys.executable, "-m", "mm2py.cli", "run", str(config)]
     cmd += ["--listen", f"127.0.0.1:{_free_port()}"]
-    with open(log_file, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    log.info("started mm2py (pid %d), log %s", proc.pid, log_file)
-    try:
-        yield Running(system, proc.pid, lambda: proc.poll() is None, log_file)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                log.warning("mm2py (pid %d) ignored SIGTERM for 20 s; killing it", proc.pid)
-                proc.kill()
-                proc.wait()
-        if proc.returncode != 0:
-            log.warning("mm2py exited with %s; see %s", proc.returncode, log_file)
+    with running_command(system, cmd, config.with_suffix(".log")) as (running, _):
+        yield running
 
 
 def _end_offsets(cluster: LocalCluster, topic: str, timeout: float = 60.0) -> dict[int, int]:
@@ -249,67 +245,7 @@ def _end_offsets(cluster: LocalCluster, topic: str, timeout: float = 60.0) -> di
             time.sleep(1)
 
 
-def _check_alive(running: Running) -> None:
-    if not running.is_running():
-        raise ReplicatorError(f"{running.system} exited early; see {running.log_file}")
-
-
 # -- throughput ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Copy:
-    """How one replicator copied a pre-filled topic, as seen from B's end offsets."""
-
-    startup_s: float  # launch -> first copied record visible on B
-    copy_s: float  # first sample with records on B -> sample with all of them
-    copied_in_window: int  # records that arrived during copy_s
-
-
-def _remote_count(consumer: Any, topic: str, partitions: int) -> int:
-    """Records in `topic` on B now (0 while it or a partition leader does not exist yet)."""
-    total = 0
-    for p in range(partitions):
-        try:
-            total += consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1]
-        except KafkaException:
-            return 0  # not created yet
-    return total
-
-
-def watch_copy(
-    target: LocalCluster, remote_topic: str, workload: Workload, running: Running, timeout: float
-) -> Copy:
-    """Follow B's end offsets until `remote_topic` holds the whole workload.
-
-    Start-up (JVM, Connect worker, task assignment; Python imports, group join) is
-    excluded by timing from the first sample that sees copied records: the rate is
-    (records - records seen at that sample) / (time from that sample to the first
-    sample seeing all), so its resolution is SAMPLE_INTERVAL plus one offsets query.
-    """
-    launched = time.monotonic()
-    deadline = launched + timeout
-    consumer = clients.consumer(target.client_properties())
-    first: tuple[float, int] | None = None
-    try:
-        while True:
-            before = time.monotonic()
-            have = _remote_count(consumer, remote_topic, workload.partitions)
-            now = (before + time.monotonic()) / 2  # when the 8 queries saw the counts
-            if have and first is None:
-                first = (now, have)
-            if have >= workload.records:
-                assert first is not None
-                return Copy(first[0] - launched, now - first[0], workload.records - first[1])
-            _check_alive(running)
-            if now > deadline:
-                raise ReplicatorError(
-                    f"{running.system}: {remote_topic} on B has {have} of "
-                    f"{workload.records} records after {timeout:.0f} s"
-                )
-            time.sleep(SAMPLE_INTERVAL)
-    finally:
-        consumer.close()
 
 
 def replication_throughput(
@@ -339,18 +275,12 @@ def replication_throughput(
         log.warning(
             "%s: %s holds %d records, expected %d", system, remote, copied, workload.records
         )
-    rate = copy.copied_in_window / copy.copy_s if copy.copy_s > 0 else None
-    return result_line(
+    return copy_line(
         system,
-        workload.label,
-        workload.records,
-        workload.record_bytes,
-        rate,
-        None if rate is None else rate * workload.record_bytes / MIB,
+        workload,
+        copy,
+        copied,
         peak_rss_bytes=rss.peak_bytes,
-        startup_s=round(copy.startup_s, 2),
-        copy_s=round(copy.copy_s, 2),
-        records_on_b=copied,
         load_1m_before=round(load, 2),
     )
 
@@ -384,7 +314,7 @@ def _warm_up(source: LocalCluster, target: LocalCluster, topic: str, running: Ru
     remote = f"{source.alias}.{topic}"
     deadline = time.monotonic() + 180
     while sum(_end_offsets(target, remote).values()) < WARMUP_RECORDS:
-        _check_alive(running)
+        check_alive(running)
         if time.monotonic() > deadline:
             raise ReplicatorError(f"{running.system} did not copy the warm-up records of {topic}")
         time.sleep(0.5)
@@ -402,7 +332,7 @@ def _receive(
         if not batch:
             msg = consumer.poll(0.1)
             if msg is None:
-                _check_alive(running)
+                check_alive(running)
                 continue
             batch = [msg]
         now_ms = time.time() * 1000  # the batch was all in the client by now
@@ -495,10 +425,6 @@ def replication_latency(
 # -- main ---------------------------------------------------------------------------
 
 
-def _emit(line: dict[str, Any]) -> None:
-    print(json.dumps(line), flush=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print one JSON line per system and workload."""
     parser = argparse.ArgumentParser(
@@ -550,11 +476,11 @@ def main(argv: list[str] | None = None) -> int:
         # too: on shared clusters, another user's test may restart one).
         nonlocal failures
         try:
-            _emit(run())
+            emit(run())
         except (ReplicatorError, MirrorMakerError, ToolError, TimeoutError, KafkaException) as e:
             failures += 1
             log.error("%s on %s failed: %s", system, what, e)
-            _emit({"system": system, "workload": what, "error": str(e)})
+            emit({"system": system, "workload": what, "error": str(e)})
 
     try:
         for workload in workloads:
