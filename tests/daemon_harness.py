@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -53,6 +55,21 @@ class RunningDaemon:
         with urllib.request.urlopen(f"http://{self.listen}/metrics", timeout=5) as resp:
             return str(resp.read().decode())
 
+    def report(self) -> str:
+        """Each flow's status from the REST API, then the log's tail (for failed tests)."""
+        lines = [f"--- mm2py daemon on {self.listen}, log {self.log_path}"]
+        try:
+            with urllib.request.urlopen(f"http://{self.listen}/flows", timeout=5) as resp:
+                flows = json.loads(resp.read())
+            for flow in flows:
+                url = f"http://{self.listen}/flows/{urllib.parse.quote(flow)}/status"
+                with urllib.request.urlopen(url, timeout=5) as resp:
+                    lines.append(resp.read().decode())
+        except (OSError, ValueError) as exc:
+            lines.append(f"(no status: {exc})")
+        lines += self.log().splitlines()[-60:]
+        return "\n".join(lines)
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> tuple[int, float]:
         """Signal the daemon; return its exit status and how long it took to exit."""
         if self.proc.poll() is not None:
@@ -81,6 +98,10 @@ def running_daemon(
     daemon = RunningDaemon(proc, log_path, listen)
     try:
         yield daemon
+    except BaseException:
+        # What the daemon saw, shown under "Captured stdout" when the test fails.
+        print(daemon.report(), flush=True)
+        raise
     finally:
         if proc.poll() is None:
             proc.kill()

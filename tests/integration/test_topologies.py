@@ -118,8 +118,10 @@ def test_chain_delivers_two_hop_copies_intact(
     original = read_all(a, unique)
     path = _config(tmp_path, [a, b, c], ["A->B", "B->C"], f".*{unique}")
     with running_daemon(path):
+        one_hop = _copied(b, f"A.{unique}", 40)
         two_hops = _copied(c, f"B.A.{unique}", 40)
     key = lambda r: (r.partition, r.offset)  # noqa: E731
+    assert _same(sorted(one_hop, key=key), sorted(original, key=key))
     assert _same(sorted(two_hops, key=key), sorted(original, key=key))
     assert {t for t in topic_names(b) if unique in t} == {f"A.{unique}"}
 
