@@ -77,6 +77,15 @@ PRODUCER_TUNING: dict[str, Any] = {
 }
 
 
+@dataclass(frozen=True)
+class TopicChanges:
+    """What a topic refresh found: partitions to start copying, partitions whose
+    source topic no longer exists."""
+
+    new: list[tuple[str, int, str]]  # (topic, partition, remote topic)
+    gone: list[SourcePartition]
+
+
 class PartitionFailed(RuntimeError):
     """The target rejected a record: the partition stops until restarted."""
 
@@ -97,6 +106,7 @@ class PartitionState:
     synced: int = -1  # upstream offset of the last offset sync
     delta: int | None = None  # source offset minus target offset since the last sync
     failure: str | None = None
+    gone: bool = False  # its source topic was deleted; unassigned until it exists again
     failed_size: int = 0
 
 
@@ -154,7 +164,7 @@ class SourcePart(FlowPart):
         tps = [
             TopicPartition(s.topic, s.partition)
             for s in self._by_source.values()
-            if s.failure is None
+            if s.failure is None and not s.gone
         ]
         if paused:
             self._consumer.pause(tps)
@@ -189,7 +199,7 @@ class SourcePart(FlowPart):
         self._restart_reason = None
         self._consumer_paused = False
         self._discovered: set[SourcePartition] = set()
-        self._found: queue.SimpleQueue[list[tuple[str, int, str]]] = queue.SimpleQueue()
+        self._found: queue.SimpleQueue[TopicChanges] = queue.SimpleQueue()
         loop_done = threading.Event()
         # Topic discovery calls admin APIs that can take a while; it runs beside
         # the copy loop so that they never delay records.
@@ -234,7 +244,11 @@ class SourcePart(FlowPart):
         while not self.stopping.is_set():
             now = time.monotonic()
             while not found.empty():
-                self._assign(found.get())
+                changes = found.get()
+                if changes.gone:
+                    self._forget(changes.gone)
+                if changes.new:
+                    self._assign(changes.new)
             if now >= next_progress:
                 self._commit_progress()
                 next_progress = now + PROGRESS_INTERVAL
@@ -398,6 +412,8 @@ class SourcePart(FlowPart):
         # A paused partition is not fetched, so its cached end offset would stand still.
         cached = not self._consumer_paused
         for state in self._by_source.values():
+            if state.gone:
+                continue
             tp = TopicPartition(state.topic, state.partition)
             try:
                 low, high = self._consumer.get_watermark_offsets(tp, timeout=1, cached=cached)
@@ -418,19 +434,19 @@ class SourcePart(FlowPart):
                 log.error("flow %s: topic refresh failed: %s", self.flow.name, exc)
                 self.errors.inc()
             else:
-                if found:
+                if found.new or found.gone:
                     self._found.put(found)
             loop_done.wait(every if every != float("inf") else None)
 
-    def _refresh_topics(self) -> list[tuple[str, int, str]]:
-        """Create or grow remote topics; return the new (topic, partition, remote) to copy."""
+    def _refresh_topics(self) -> TopicChanges:
+        """Create or grow remote topics; say which partitions are new and which are gone."""
         rt, flow = self.rules, self.flow
         try:
             source_counts = partition_counts(self._source_admin)
             target_counts = partition_counts(self._target_admin)
         except KafkaException as exc:
             log.warning("flow %s: listing topics failed, retrying later: %s", flow.name, exc)
-            return []
+            return TopicChanges([], [])
         replicated = {t: n for t, n in source_counts.items() if rt.should_replicate(t)}
         remote_of = {t: rt.remote_topic(t) for t in replicated}
         plan = plan_remote_topics({remote_of[t]: n for t, n in replicated.items()}, target_counts)
@@ -468,20 +484,30 @@ class SourcePart(FlowPart):
             if (topic, partition) not in self._discovered
         ]
         self._discovered.update((topic, partition) for topic, partition, _ in new)
-        return new
+        # A deleted source topic: stop fetching it (its remote topic is kept, as MM2 does).
+        gone = sorted(where for where in self._discovered if where[0] not in source_counts)
+        self._discovered.difference_update(gone)
+        return TopicChanges(new, gone)
 
     def _assign(self, found: list[tuple[str, int, str]]) -> None:
         """Start copying newly found partitions (on the copy loop's thread)."""
         new: list[TopicPartition] = []
         for topic, partition, remote in found:
-            state = PartitionState(
-                topic, partition, remote, self.stats.partition(remote, partition)
-            )
-            stored = self._stored.get((topic, partition))
-            if stored is not None:
-                state.acked = state.committed = state.submitted = stored
-            self._by_source[(topic, partition)] = state
-            self._by_remote[(remote, partition)] = state
+            state = self._by_source.get((topic, partition))
+            if state is not None:
+                # Its topic was deleted and exists again: continue after the last copied
+                # offset (beyond the new topic's end, the consumer starts at its earliest).
+                state.gone = False
+                stored: int | None = state.acked if state.acked >= 0 else None
+            else:
+                state = PartitionState(
+                    topic, partition, remote, self.stats.partition(remote, partition)
+                )
+                stored = self._stored.get((topic, partition))
+                if stored is not None:
+                    state.acked = state.committed = state.submitted = stored
+                self._by_source[(topic, partition)] = state
+                self._by_remote[(remote, partition)] = state
             start = stored + 1 if stored is not None else OFFSET_BEGINNING
             new.append(TopicPartition(topic, partition, start))
         self._consumer.incremental_assign(new)
@@ -492,6 +518,27 @@ class SourcePart(FlowPart):
             self.flow.name,
             ", ".join(f"{tp.topic}-{tp.partition}" for tp in new),
         )
+
+    def _forget(self, gone: list[SourcePartition]) -> None:
+        """Stop copying partitions whose source topic was deleted (on the loop's thread)."""
+        tps = []
+        for where in gone:
+            state = self._by_source.get(where)
+            if state is not None and not state.gone:
+                state.gone = True
+                state.stats.lag = 0
+                tps.append(TopicPartition(*where))
+        if not tps:
+            return
+        self._consumer.incremental_unassign(tps)
+        for topic in sorted({tp.topic for tp in tps}):
+            log.info(
+                "flow %s: topic %s was deleted on cluster %s; stopped copying its "
+                "partitions (the remote topic is kept)",
+                self.flow.name,
+                topic,
+                self.flow.source,
+            )
 
     def _creation_configs(self, topics: list[str]) -> dict[str, dict[str, str] | str]:
         """The synced configs new remote topics are created with (or why they are unknown)."""

@@ -55,16 +55,19 @@ class RunningDaemon:
         with urllib.request.urlopen(f"http://{self.listen}/metrics", timeout=5) as resp:
             return str(resp.read().decode())
 
+    def status(self, flow: str) -> str:
+        """GET /flows/{flow}/status, as text."""
+        url = f"http://{self.listen}/flows/{urllib.parse.quote(flow)}/status"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return str(resp.read().decode())
+
     def report(self) -> str:
         """Each flow's status from the REST API, then the log's tail (for failed tests)."""
         lines = [f"--- mm2py daemon on {self.listen}, log {self.log_path}"]
         try:
             with urllib.request.urlopen(f"http://{self.listen}/flows", timeout=5) as resp:
                 flows = json.loads(resp.read())
-            for flow in flows:
-                url = f"http://{self.listen}/flows/{urllib.parse.quote(flow)}/status"
-                with urllib.request.urlopen(url, timeout=5) as resp:
-                    lines.append(resp.read().decode())
+            lines += [self.status(flow) for flow in flows]
         except (OSError, ValueError) as exc:
             lines.append(f"(no status: {exc})")
         lines += self.log().splitlines()[-60:]

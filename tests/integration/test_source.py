@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from collections import defaultdict
 from pathlib import Path
@@ -151,6 +152,39 @@ def test_new_topics_and_partitions_are_picked_up(
             (2, b"new-2"),
             (3, b"new-3"),
         }
+
+
+def test_deleted_source_topic_is_let_go_and_a_recreated_one_is_copied(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
+) -> None:
+    doomed, other = f"{unique}-doomed", f"{unique}-other"
+    create_topic(cluster_a, doomed, partitions=2)
+    create_topic(cluster_a, other)
+    produce(cluster_a, doomed, [(i % 2, None, f"old-{i}".encode()) for i in range(10)])
+    with running_daemon(_config(tmp_path, cluster_a, cluster_b, f"{unique}.*")) as daemon:
+        _copied(cluster_b, f"A.{doomed}", 10)
+        admin = clients.admin_client(cluster_a.client_properties())
+        admin.delete_topics([doomed])[doomed].result(30)
+        wait_until(
+            lambda: f"topic {doomed} was deleted on cluster A" in daemon.log(),
+            what="the deletion noticed",
+        )
+        # The flow goes on: other topics are copied, the remote topic and its records stay.
+        produce(cluster_a, other, [(0, None, b"after")])
+        assert [r.value for r in _copied(cluster_b, f"A.{other}", 1)] == [b"after"]
+        assert len(read_all(cluster_b, f"A.{doomed}")) == 10
+        # Created again under the same name (offsets from 0): copied from its start.
+        create_topic(cluster_a, doomed, partitions=2)
+        produce(cluster_a, doomed, [(i % 2, None, f"new-{i}".encode()) for i in range(4)])
+        copied = _copied(cluster_b, f"A.{doomed}", 14)
+        assert sorted(r.value for r in copied if r.value.startswith(b"new")) == [
+            f"new-{i}".encode() for i in range(4)
+        ]
+        assert len(copied) == 14
+        errors = [line for line in daemon.log().splitlines() if " ERROR " in line]
+        assert errors == []
+        status = json.loads(daemon.status("A->B"))
+        assert status["state"] == "RUNNING"
 
 
 def test_clean_restart_loses_nothing_and_copies_nothing_twice(
