@@ -63,7 +63,7 @@ from mm2py import clients
 from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.filters import should_checkpoint_group
 from mm2py.flow import FlowRules
-from mm2py.formats import Checkpoint, OffsetSync
+from mm2py.formats import Checkpoint, OffsetSync, is_contiguous_sync
 from mm2py.metrics import Metrics
 from mm2py.offsets import OffsetSyncStore, Translation
 from mm2py.parts import FlowPart
@@ -287,7 +287,11 @@ def read_offset_syncs(
 
 def _add_sync(store: OffsetSyncStore, msg: Message) -> None:
     try:
-        store.add(OffsetSync.decode(msg.key(), msg.value()), msg.offset())
+        store.add(
+            OffsetSync.decode(msg.key(), msg.value()),
+            msg.offset(),
+            contiguous=is_contiguous_sync(msg.headers()),
+        )
     except ValueError as exc:
         log.warning("skipping offset sync at offset %s: %s", msg.offset(), exc)
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Final, NoReturn
 
 __all__ = [
+    "CONTIGUOUS_SYNC_HEADER",
     "DEFAULT_OFFSET_STORAGE_PARTITIONS",
     "SOURCE_CONNECTOR_NAME",
     "Checkpoint",
@@ -42,6 +43,7 @@ __all__ = [
     "SourceProgressKey",
     "decode_progress_value",
     "encode_progress_value",
+    "is_contiguous_sync",
     "murmur2",
     "partition_for_key",
     "to_positive",
@@ -164,6 +166,18 @@ def _check_version(version: int, where: str) -> None:
 
 
 # ------------------------------------------------------------------- offset syncs
+
+
+# mm2py marks the offset syncs it writes (MM2 ignores record headers there): it writes
+# one wherever source and target offsets stop advancing together, so between two
+# marked syncs of a partition they do. MM2's syncs are sparser and promise no such
+# thing; translation treats the records between them as not known to be contiguous.
+CONTIGUOUS_SYNC_HEADER: tuple[str, bytes] = ("mm2py.sync", b"contiguous")
+
+
+def is_contiguous_sync(headers: object) -> bool:
+    """Whether a sync record's headers (a list of (key, value) pairs) carry mm2py's mark."""
+    return isinstance(headers, list) and CONTIGUOUS_SYNC_HEADER in headers
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,9 +27,10 @@ a jump in the syncs topic's offsets), the records in between are not known to be
 contiguous, so offsets there translate to one past the earlier sync, inexact but
 never past an unconsumed record.
 
-Syncs written by MM2 are sparser and carry no such guarantee; translating them
-this way still never points past an unconsumed record when the topic has no
-gaps, which is the case MM2's own translation covers.
+Syncs written by MM2 are sparser and carry no such guarantee (after a hand-over
+between MM2 and mm2py the syncs topic holds both): mm2py marks its own syncs with
+a header, and the records between two syncs that are not both marked are treated
+like those between syncs compaction separated: one past the earlier sync.
 """
 
 from __future__ import annotations
@@ -160,8 +161,15 @@ class OffsetSyncStore:
         self._next_log_offset: int | None = None
         self._log_gaps = 0
         self._gaps_at: dict[tuple[str, int], int] = {}
+        self._contiguous: dict[tuple[str, int], bool] = {}
 
-    def add(self, sync: OffsetSync, log_offset: int | None = None) -> None:
+    def add(self, sync: OffsetSync, log_offset: int | None = None, contiguous: bool = True) -> None:
+        """Add a sync read from the syncs topic.
+
+        `contiguous` says its writer promises a sync wherever offsets stop advancing
+        together (mm2py's mark, see `formats.CONTIGUOUS_SYNC_HEADER`): only between two
+        such syncs are the records in between known to be contiguous.
+        """
         key = (sync.topic, sync.partition)
         if log_offset is not None:
             if self._next_log_offset is not None and log_offset != self._next_log_offset:
@@ -171,7 +179,9 @@ class OffsetSyncStore:
         if syncs is None:
             syncs = self.partitions[key] = PartitionSyncs()
         after_gap = key in self._gaps_at and self._gaps_at[key] != self._log_gaps
+        after_gap = after_gap or not (contiguous and self._contiguous.get(key, True))
         self._gaps_at[key] = self._log_gaps
+        self._contiguous[key] = contiguous
         syncs.add(sync.upstream_offset, sync.downstream_offset, after_gap)
 
     def add_all(self, syncs: Iterable[OffsetSync]) -> None:

@@ -209,8 +209,9 @@ def _check_exact(
     later = f"; the next checkpoint (every {s.emit_checkpoints_interval_seconds}s) improves it"
     if not found.exact:
         return STALE, (
-            f"not exact yet: the offset syncs do not reach {cp.upstream_offset} yet "
-            "(the replicator is behind the group)" + later
+            f"not exact yet: the offset syncs do not prove where {cp.upstream_offset} is "
+            "(the replicator is behind the group, or the syncs around it were written by "
+            "MM2 or compacted away)" + later
         )
     if found.downstream > cp.downstream_offset:
         return STALE, f"the offset syncs now translate to {found.downstream}" + later

@@ -37,7 +37,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from mm2py import clients
 from mm2py.backfill.plan import OffsetRange, RangeResult
-from mm2py.formats import OffsetSync
+from mm2py.formats import CONTIGUOUS_SYNC_HEADER, OffsetSync
 from mm2py.progress import ProgressStore
 
 log = logging.getLogger(__name__)
@@ -433,7 +433,13 @@ class _SyncWriter:
             sync = OffsetSync(r.topic, r.partition, upstream, downstream)
             while True:
                 try:
-                    producer.produce(task.syncs_topic, sync.encode_value(), sync.encode_key(), 0)
+                    producer.produce(
+                        task.syncs_topic,
+                        sync.encode_value(),
+                        sync.encode_key(),
+                        0,
+                        headers=[CONTIGUOUS_SYNC_HEADER],
+                    )
                     break
                 except BufferError:
                     producer.poll(0.05)

@@ -133,3 +133,26 @@ def test_a_gapped_sync_is_never_merged_into_a_line() -> None:
     assert syncs.upstream == [0, 10, 20, 30]
     assert syncs.translation(15) == Translation(11, exact=False)
     assert syncs.translation(25) == Translation(25, exact=True)
+
+
+def test_between_syncs_not_both_marked_by_mm2py_only_one_past_the_earlier_is_proven() -> None:
+    # MM2 replicated offsets 0..99 of a transactional topic (markers at 40 and 80: the
+    # target has 98 records) and wrote sparse syncs; mm2py took over at 100.
+    store = OffsetSyncStore()
+    store.add(OffsetSync("t", 0, 0, 0), contiguous=False)
+    store.add(OffsetSync("t", 0, 99, 97), contiguous=False)
+    store.add(OffsetSync("t", 0, 100, 98), contiguous=True)
+    store.add(OffsetSync("t", 0, 150, 148), contiguous=True)
+    # 0 + 60 would be past the record at source offset 60 (target 59): not claimed.
+    assert store.translation("t", 0, 60) == Translation(1, exact=False)
+    assert store.translation("t", 0, 99) == Translation(97, exact=True)
+    assert store.translation("t", 0, 100) == Translation(98, exact=True)
+    assert store.translation("t", 0, 120) == Translation(118, exact=True)  # both marked
+
+
+def test_marked_syncs_after_unmarked_ones_are_not_merged_away() -> None:
+    store = OffsetSyncStore()
+    for upstream in (0, 10, 20):
+        store.add(OffsetSync("t", 0, upstream, upstream), contiguous=False)
+    assert store.partitions[("t", 0)].upstream == [0, 10, 20]
+    assert store.translation("t", 0, 15) == Translation(11, exact=False)
