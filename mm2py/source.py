@@ -27,7 +27,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicP
 
 from mm2py import clients
 from mm2py.config import ClusterConfig, FlowConfig
-from mm2py.formats import OffsetSync
+from mm2py.formats import CONTIGUOUS_SYNC_HEADER, OffsetSync
 from mm2py.logs import partition_fields
 from mm2py.metrics import Metrics, PartitionStats, ReplicationStats
 from mm2py.parts import FlowPart
@@ -364,7 +364,11 @@ class SourcePart(FlowPart):
             return
         sync = OffsetSync(state.topic, state.partition, upstream, downstream)
         self._sync_producer.produce(
-            self.rules.offset_syncs_topic, sync.encode_value(), sync.encode_key(), 0
+            self.rules.offset_syncs_topic,
+            sync.encode_value(),
+            sync.encode_key(),
+            0,
+            headers=[CONTIGUOUS_SYNC_HEADER],
         )
         state.synced = upstream
 
@@ -477,12 +481,24 @@ class SourcePart(FlowPart):
                 log.error("flow %s: %s", flow.name, exc)
                 self.errors.inc()
                 ready.discard(topic)
-        new = [
-            (topic, partition, remote_of[topic])
-            for topic in sorted(ready)
-            for partition in range(replicated[topic])
-            if (topic, partition) not in self._discovered
-        ]
+        new = []
+        for topic in sorted(ready):
+            partitions = [
+                (topic, partition, remote_of[topic])
+                for partition in range(replicated[topic])
+                if (topic, partition) not in self._discovered
+            ]
+            if not partitions:
+                continue
+            try:
+                # The consumer fetches nothing from a partition its own metadata does not
+                # show yet (a topic created a moment ago, e.g. by another flow), until a
+                # periodic refresh; ask for it now.
+                await_partitions(self._consumer, flow.source, topic, replicated[topic])
+            except TopicAdminError as exc:
+                log.warning("flow %s: %s; trying again at the next refresh", flow.name, exc)
+                continue
+            new += partitions
         self._discovered.update((topic, partition) for topic, partition, _ in new)
         # A deleted source topic: stop fetching it (its remote topic is kept, as MM2 does).
         gone = sorted(where for where in self._discovered if where[0] not in source_counts)
