@@ -51,6 +51,7 @@ PROGRESS_INTERVAL = 1.0
 LAG_INTERVAL = 1.0
 STOP_FLUSH_TIMEOUT = 7.0
 PAUSE_TIMEOUT = 5.0
+LEARN_TOPIC_TIMEOUT = 2.0
 
 # Exact translation of old positions needs old syncs: compaction keeps only the
 # newest sync per partition, so keep a week of syncs out of its reach.
@@ -488,16 +489,6 @@ class SourcePart(FlowPart):
                 for partition in range(replicated[topic])
                 if (topic, partition) not in self._discovered
             ]
-            if not partitions:
-                continue
-            try:
-                # The consumer fetches nothing from a partition its own metadata does not
-                # show yet (a topic created a moment ago, e.g. by another flow), until a
-                # periodic refresh; ask for it now.
-                await_partitions(self._consumer, flow.source, topic, replicated[topic])
-            except TopicAdminError as exc:
-                log.warning("flow %s: %s; trying again at the next refresh", flow.name, exc)
-                continue
             new += partitions
         self._discovered.update((topic, partition) for topic, partition, _ in new)
         # A deleted source topic: stop fetching it (its remote topic is kept, as MM2 does).
@@ -508,6 +499,8 @@ class SourcePart(FlowPart):
     def _assign(self, found: list[tuple[str, int, str]]) -> None:
         """Start copying newly found partitions (on the copy loop's thread)."""
         new: list[TopicPartition] = []
+        for topic in sorted({topic for topic, _, _ in found}):
+            self._learn_topic(topic)
         for topic, partition, remote in found:
             state = self._by_source.get((topic, partition))
             if state is not None:
@@ -534,6 +527,26 @@ class SourcePart(FlowPart):
             self.flow.name,
             ", ".join(f"{tp.topic}-{tp.partition}" for tp in new),
         )
+
+    def _learn_topic(self, topic: str) -> None:
+        """Make the consumer's metadata show `topic` (on the copy loop's thread).
+
+        The consumer fetches nothing from a partition its metadata does not show (a
+        topic created a moment ago, e.g. by another flow) until a periodic refresh,
+        up to 10 s later. A consumer's metadata must not be asked for from another
+        thread while it polls: librdkafka then never answers.
+        """
+        try:
+            self._consumer.list_topics(topic, timeout=LEARN_TOPIC_TIMEOUT)
+        except KafkaException as exc:
+            log.warning(
+                "flow %s: no metadata for %s from %s yet (%s); copying starts when the "
+                "consumer's next refresh shows it",
+                self.flow.name,
+                topic,
+                self.flow.source,
+                exc.args[0].str(),
+            )
 
     def _forget(self, gone: list[SourcePartition]) -> None:
         """Stop copying partitions whose source topic was deleted (on the loop's thread)."""
