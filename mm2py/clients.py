@@ -64,6 +64,28 @@ _ACCESS_ERRORS = frozenset(
 )
 
 
+def is_access_error(err: KafkaError) -> bool:
+    """A refused login or certificate: retrying with the same settings cannot help."""
+    return err.code() in _ACCESS_ERRORS
+
+
+def access_problem(alias: str, props: Mapping[str, str], err: KafkaError) -> str:
+    """What failed on cluster `alias` and what to check, without any secret."""
+    if err.code() == KafkaError._SSL:
+        return (
+            f"cluster {alias}: TLS handshake failed ({err.str()}): check "
+            f"{alias}.ssl.truststore.location (or ssl.ca.location) and the brokers' "
+            "certificates"
+        )
+    mechanism = props.get("sasl.mechanism") or props.get("sasl.mechanisms") or "GSSAPI"
+    user = props.get("sasl.username")
+    who = f" as user {user}" if user else ""
+    return (
+        f"cluster {alias}: authentication failed (SASL {mechanism}{who}): check "
+        f"sasl.jaas.config (or {alias}.sasl.username and sasl.password)"
+    )
+
+
 def access_error(props: Mapping[str, str], timeout: float = 10.0) -> KafkaError | None:
     """The authentication or TLS error a cluster answers with, if any.
 

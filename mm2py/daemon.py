@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from mm2py import clients
 from mm2py.checkpoint import CheckpointPart
-from mm2py.config import ClusterConfig, FlowConfig, MirrorConfig
+from mm2py.config import FlowConfig, MirrorConfig
 from mm2py.heartbeat import HeartbeatPart
 from mm2py.metrics import Metrics
 from mm2py.parts import Part
@@ -72,25 +72,9 @@ def check_cluster_access(config: MirrorConfig, aliases: Iterable[str]) -> None:
     for alias in aliases:
         err = found.get(alias)
         if err is not None:
-            raise ClusterAccessError(_access_problem(config.cluster(alias), err))
-
-
-def _access_problem(cluster: ClusterConfig, err: KafkaError) -> str:
-    """What failed and what to check, without any secret."""
-    props = cluster.librdkafka("admin")
-    if err.code() == KafkaError._SSL:
-        return (
-            f"cluster {cluster.alias}: TLS handshake failed ({err.str()}): check "
-            f"{cluster.alias}.ssl.truststore.location (or ssl.ca.location) and the brokers' "
-            "certificates"
-        )
-    mechanism = props.get("sasl.mechanism") or props.get("sasl.mechanisms") or "GSSAPI"
-    user = props.get("sasl.username")
-    who = f" as user {user}" if user else ""
-    return (
-        f"cluster {cluster.alias}: authentication failed (SASL {mechanism}{who}): check "
-        f"sasl.jaas.config (or {cluster.alias}.sasl.username and sasl.password)"
-    )
+            raise ClusterAccessError(
+                clients.access_problem(alias, config.cluster(alias).librdkafka("admin"), err)
+            )
 
 
 def parse_listen(address: str) -> tuple[str, int]:

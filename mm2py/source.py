@@ -20,10 +20,18 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin._listoffsets import OffsetSpec
 
 from mm2py import clients
 from mm2py.config import ClusterConfig, FlowConfig
@@ -34,6 +42,7 @@ from mm2py.parts import FlowPart
 from mm2py.progress import ProgressStore, SourcePartition
 from mm2py.sync import ConfigPropertyFilter, remote_topic_configs
 from mm2py.topics import (
+    ADMIN_TIMEOUT,
     TopicAdminError,
     await_partitions,
     create_topic,
@@ -85,6 +94,8 @@ class TopicChanges:
 
     new: list[tuple[str, int, str]]  # (topic, partition, remote topic)
     gone: list[SourcePartition]
+    # Where new partitions without progress start: their log start offsets.
+    earliest: dict[SourcePartition, int] = field(default_factory=dict)
 
 
 class PartitionFailed(RuntimeError):
@@ -193,8 +204,12 @@ class SourcePart(FlowPart):
         )
         self._stored = self.progress.load()
         self._sync_producer = self._open_sync_producer()
-        self._consumer = clients.consumer(source_props, CONSUMER_TUNING)
-        self._producer = clients.producer(target_props, PRODUCER_TUNING)
+        self._consumer = clients.consumer(
+            source_props, {**CONSUMER_TUNING, "error_cb": self._access_watch(self.source)}
+        )
+        self._producer = clients.producer(
+            target_props, {**PRODUCER_TUNING, "error_cb": self._access_watch(self.target)}
+        )
         self._by_source.clear()
         self._by_remote.clear()
         self._restart_reason = None
@@ -249,7 +264,7 @@ class SourcePart(FlowPart):
                 if changes.gone:
                     self._forget(changes.gone)
                 if changes.new:
-                    self._assign(changes.new)
+                    self._assign(changes.new, changes.earliest)
             if now >= next_progress:
                 self._commit_progress()
                 next_progress = now + PROGRESS_INTERVAL
@@ -494,9 +509,45 @@ class SourcePart(FlowPart):
         # A deleted source topic: stop fetching it (its remote topic is kept, as MM2 does).
         gone = sorted(where for where in self._discovered if where[0] not in source_counts)
         self._discovered.difference_update(gone)
-        return TopicChanges(new, gone)
+        return TopicChanges(new, gone, self._earliest(new))
 
-    def _assign(self, found: list[tuple[str, int, str]]) -> None:
+    def _earliest(self, new: list[tuple[str, int, str]]) -> dict[SourcePartition, int]:
+        """Log start offsets of the new partitions that have no progress yet.
+
+        Assigned at OFFSET_BEGINNING, a partition waits for librdkafka to look its
+        start up; now and then, on a consumer just created, that never happened and
+        the partition stayed unfetched while others were copied. An explicit offset
+        needs no look-up. On failure the partitions start at OFFSET_BEGINNING.
+        """
+        spec: Any = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
+        wanted = {
+            TopicPartition(topic, partition): spec
+            for topic, partition, _ in new
+            if (topic, partition) not in self._stored
+        }
+        if not wanted:
+            return {}
+        found: dict[SourcePartition, int] = {}
+        try:
+            futures = self._source_admin.list_offsets(
+                wanted,
+                isolation_level=IsolationLevel.READ_COMMITTED,
+                request_timeout=ADMIN_TIMEOUT,
+            )
+            for tp, future in futures.items():
+                found[(tp.topic, tp.partition)] = int(future.result(ADMIN_TIMEOUT).offset)
+        except KafkaException as exc:
+            log.warning(
+                "flow %s: reading start offsets on %s failed (%s); starting at the beginning",
+                self.flow.name,
+                self.flow.source,
+                exc.args[0].str(),
+            )
+        return found
+
+    def _assign(
+        self, found: list[tuple[str, int, str]], earliest: Mapping[SourcePartition, int]
+    ) -> None:
         """Start copying newly found partitions (on the copy loop's thread)."""
         new: list[TopicPartition] = []
         for topic in sorted({topic for topic, _, _ in found}):
@@ -517,7 +568,10 @@ class SourcePart(FlowPart):
                     state.acked = state.committed = state.submitted = stored
                 self._by_source[(topic, partition)] = state
                 self._by_remote[(remote, partition)] = state
-            start = stored + 1 if stored is not None else OFFSET_BEGINNING
+            if stored is not None:
+                start = stored + 1
+            else:
+                start = earliest.get((topic, partition), OFFSET_BEGINNING)
             new.append(TopicPartition(topic, partition, start))
         self._consumer.incremental_assign(new)
         if self._consumer_paused:
@@ -527,6 +581,22 @@ class SourcePart(FlowPart):
             self.flow.name,
             ", ".join(f"{tp.topic}-{tp.partition}" for tp in new),
         )
+
+    def _access_watch(self, cluster: ClusterConfig) -> Callable[[KafkaError], None]:
+        """An error_cb that fails the part when `cluster` refuses the login or certificate.
+
+        A password changed or a certificate expired while the daemon runs shows when a
+        connection is made again; librdkafka would retry forever. The part fails with
+        what to check instead (its state FAILED, /health not ready) and the daemon
+        retries it with backoff.
+        """
+        props = cluster.librdkafka("consumer")
+
+        def watch(err: KafkaError) -> None:
+            if clients.is_access_error(err) and self._restart_reason is None:
+                self._restart_reason = clients.access_problem(cluster.alias, props, err)
+
+        return watch
 
     def _learn_topic(self, topic: str) -> None:
         """Make the consumer's metadata show `topic` (on the copy loop's thread).

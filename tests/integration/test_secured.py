@@ -7,13 +7,28 @@ Passwords must appear nowhere: not in the daemon's log, errors or /metrics.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    ResourcePatternType,
+    ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialDeletion,
+    UserScramCredentialUpsertion,
+)
 
+from mm2py import clients
 from mm2py.local.launcher import LocalCluster, TlsFiles
 from tests.conftest import Clusters
 from tests.daemon_harness import mm2_properties, running_daemon
@@ -170,3 +185,106 @@ def test_a_refused_login_or_certificate_is_a_clear_error_naming_the_cluster(
     assert "Traceback" not in log
     for secret in (wrong, source.users["alice"], e.users["admin"]):
         assert secret not in log
+
+
+def _scram_user(admin: Any, user: str, password: str | None) -> None:
+    """Create or change (`password`) or delete (None) a SCRAM-SHA-512 user."""
+    change = (
+        UserScramCredentialUpsertion(
+            user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), password.encode()
+        )
+        if password is not None
+        else UserScramCredentialDeletion(user, ScramMechanism.SCRAM_SHA_512)
+    )
+    admin.alter_user_scram_credentials([change])[user].result(30)
+
+
+def _allow_all(user: str) -> list[AclBinding]:
+    return [
+        AclBinding(
+            kind,
+            name,
+            ResourcePatternType.LITERAL,
+            f"User:{user}",
+            "*",
+            AclOperation.ALL,
+            AclPermissionType.ALLOW,
+        )
+        for kind, name in (
+            (ResourceType.TOPIC, "*"),
+            (ResourceType.GROUP, "*"),
+            (ResourceType.BROKER, "kafka-cluster"),
+            (ResourceType.TRANSACTIONAL_ID, "*"),
+        )
+    ]
+
+
+def test_a_login_refused_while_running_fails_the_source_part_naming_the_cluster(
+    clusters: Clusters, unique: str, tmp_path: Path
+) -> None:
+    d, e = clusters["D"], clusters["E"]
+    user = f"rotating-{uuid.uuid4().hex[:8]}"
+    first, second = f"first-{uuid.uuid4().hex}", f"second-{uuid.uuid4().hex}"
+    admin = clients.admin_client(d.client_properties())
+    _scram_user(admin, user, first)
+    acls = _allow_all(user)
+    for future in admin.create_acls(acls).values():
+        future.result(30)
+    try:
+        create_topic(d, unique)
+        produce(d, unique, [(0, None, b"before")])
+        config = tmp_path / "mm2.properties"
+        settings = {
+            "sync.topic.acls.enabled": "false",
+            "D.sasl.jaas.config": f'{SCRAM} required username="{user}" password="{first}";',
+            "E.sasl.jaas.config": (
+                f'{SCRAM} required username="admin" password="{e.users["admin"]}";'
+            ),
+        }
+        for alias in ("D", "E"):
+            settings[f"{alias}.security.protocol"] = "SASL_PLAINTEXT"
+            settings[f"{alias}.sasl.mechanism"] = "SCRAM-SHA-512"
+        config.write_text(mm2_properties(d, e, unique, **settings))
+        remote = f"D.{unique}"
+        with running_daemon(config) as daemon:
+            wait_until(
+                lambda: remote in topic_names(e) and read_all(e, remote, expected=1),
+                timeout=60,
+                what=f"the first record in {remote} on E",
+            )
+            # The password changes on D; the daemon learns it when it connects again.
+            _scram_user(admin, user, second)
+            clusters.restart("D")
+
+            def source_failed() -> dict[str, Any] | None:
+                status = json.loads(daemon.status("D->E"))
+                source = next(p for p in status["parts"] if p["part"] == "source")
+                return source if source["state"] == "FAILED" else None
+
+            failed = wait_until(source_failed, timeout=90, what="the source part FAILED")
+            message = (
+                f"cluster D: authentication failed (SASL SCRAM-SHA-512 as user {user}): "
+                "check sasl.jaas.config"
+            )
+            assert message in failed["trace"]
+            exposed = daemon.log() + daemon.metrics() + daemon.status("D->E")
+            assert message in daemon.log()
+        for secret in (first, second, d.users["admin"], e.users["admin"]):
+            assert secret not in exposed
+    finally:
+        admin = clients.admin_client(d.client_properties())
+        filters = [
+            AclBindingFilter(
+                a.restype,
+                a.name,
+                a.resource_pattern_type,
+                a.principal,
+                a.host,
+                a.operation,
+                a.permission_type,
+            )
+            for a in acls
+        ]
+        for future in admin.delete_acls(filters).values():
+            future.result(30)
+        _scram_user(admin, user, None)
