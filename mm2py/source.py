@@ -205,10 +205,12 @@ class SourcePart(FlowPart):
         self._stored = self.progress.load()
         self._sync_producer = self._open_sync_producer()
         self._consumer = clients.consumer(
-            source_props, {**CONSUMER_TUNING, "error_cb": self._access_watch(self.source)}
+            source_props,
+            {**CONSUMER_TUNING, "error_cb": self._access_watch(self.source, source_props)},
         )
         self._producer = clients.producer(
-            target_props, {**PRODUCER_TUNING, "error_cb": self._access_watch(self.target)}
+            target_props,
+            {**PRODUCER_TUNING, "error_cb": self._access_watch(self.target, target_props)},
         )
         self._by_source.clear()
         self._by_remote.clear()
@@ -497,14 +499,12 @@ class SourcePart(FlowPart):
                 log.error("flow %s: %s", flow.name, exc)
                 self.errors.inc()
                 ready.discard(topic)
-        new = []
-        for topic in sorted(ready):
-            partitions = [
-                (topic, partition, remote_of[topic])
-                for partition in range(replicated[topic])
-                if (topic, partition) not in self._discovered
-            ]
-            new += partitions
+        new = [
+            (topic, partition, remote_of[topic])
+            for topic in sorted(ready)
+            for partition in range(replicated[topic])
+            if (topic, partition) not in self._discovered
+        ]
         self._discovered.update((topic, partition) for topic, partition, _ in new)
         # A deleted source topic: stop fetching it (its remote topic is kept, as MM2 does).
         gone = sorted(where for where in self._discovered if where[0] not in source_counts)
@@ -536,12 +536,12 @@ class SourcePart(FlowPart):
             )
             for tp, future in futures.items():
                 found[(tp.topic, tp.partition)] = int(future.result(ADMIN_TIMEOUT).offset)
-        except KafkaException as exc:
+        except Exception as exc:  # a lookup only: the partitions are copied either way
             log.warning(
                 "flow %s: reading start offsets on %s failed (%s); starting at the beginning",
                 self.flow.name,
                 self.flow.source,
-                exc.args[0].str(),
+                exc,
             )
         return found
 
@@ -582,7 +582,9 @@ class SourcePart(FlowPart):
             ", ".join(f"{tp.topic}-{tp.partition}" for tp in new),
         )
 
-    def _access_watch(self, cluster: ClusterConfig) -> Callable[[KafkaError], None]:
+    def _access_watch(
+        self, cluster: ClusterConfig, props: Mapping[str, str]
+    ) -> Callable[[KafkaError], None]:
         """An error_cb that fails the part when `cluster` refuses the login or certificate.
 
         A password changed or a certificate expired while the daemon runs shows when a
@@ -590,7 +592,6 @@ class SourcePart(FlowPart):
         what to check instead (its state FAILED, /health not ready) and the daemon
         retries it with backoff.
         """
-        props = cluster.librdkafka("consumer")
 
         def watch(err: KafkaError) -> None:
             if clients.is_access_error(err) and self._restart_reason is None:
