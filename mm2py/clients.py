@@ -58,6 +58,9 @@ def describe_cluster(props: Mapping[str, str], timeout: float = 3.0) -> bool:
     return True
 
 
+# How long access_error() waits after a transport error for a TLS or login error.
+UNREACHABLE_GRACE = 3.0
+
 # Errors that retrying cannot fix: wrong credentials, a certificate that does not verify.
 _ACCESS_ERRORS = frozenset(
     {KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED, KafkaError._SSL}
@@ -97,11 +100,18 @@ def access_error(props: Mapping[str, str], timeout: float = 10.0) -> KafkaError 
     admin = admin_client(props, {"error_cb": errors.append})
     future = admin.describe_cluster(request_timeout=timeout)
     deadline = time.monotonic() + timeout
+    grace_set = False
     while time.monotonic() < deadline:
         admin.poll(0.1)
-        for err in errors:
-            # The first error tells: a refused login or certificate, or no connection.
-            return err if err.code() in _ACCESS_ERRORS else None
+        refused = next((err for err in errors if err.code() in _ACCESS_ERRORS), None)
+        if refused is not None:
+            return refused
+        if errors and not grace_set:
+            # A refused TLS handshake may be reported as a transport error first and as
+            # _SSL on a later attempt: wait for that briefly, then take the cluster for
+            # unreachable.
+            deadline = min(deadline, time.monotonic() + UNREACHABLE_GRACE)
+            grace_set = True
         if future.done():
             exc = future.exception()
             failure = exc.args[0] if exc is not None and exc.args else None
