@@ -26,7 +26,6 @@ from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
-    IsolationLevel,
     KafkaError,
     KafkaException,
     TopicPartition,
@@ -42,12 +41,12 @@ from mm2py.parts import FlowPart
 from mm2py.progress import ProgressStore, SourcePartition
 from mm2py.sync import ConfigPropertyFilter, remote_topic_configs
 from mm2py.topics import (
-    ADMIN_TIMEOUT,
     TopicAdminError,
     await_partitions,
     create_topic,
     ensure_internal_topic,
     grow_topic,
+    list_offsets,
     partition_counts,
     plan_remote_topics,
 )
@@ -525,25 +524,15 @@ class SourcePart(FlowPart):
             for topic, partition, _ in new
             if (topic, partition) not in self._stored
         }
-        if not wanted:
-            return {}
-        found: dict[SourcePartition, int] = {}
         try:
-            futures = self._source_admin.list_offsets(
-                wanted,
-                isolation_level=IsolationLevel.READ_COMMITTED,
-                request_timeout=ADMIN_TIMEOUT,
-            )
-            for tp, future in futures.items():
-                found[(tp.topic, tp.partition)] = int(future.result(ADMIN_TIMEOUT).offset)
-        except Exception as exc:  # a lookup only: the partitions are copied either way
+            return list_offsets(self._source_admin, self.flow.source, wanted)
+        except Exception as exc:  # a look-up only: the partitions are copied either way
             log.warning(
-                "flow %s: reading start offsets on %s failed (%s); starting at the beginning",
+                "flow %s: reading start offsets failed (%s); starting at the beginning",
                 self.flow.name,
-                self.flow.source,
                 exc,
             )
-        return found
+            return {}
 
     def _assign(
         self, found: list[tuple[str, int, str]], earliest: Mapping[SourcePartition, int]

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewPartitions, NewTopic
 
@@ -77,6 +77,30 @@ def await_partitions(
                 f"{name!r} after {timeout:.0f} s"
             )
         time.sleep(0.2)
+
+
+def list_offsets(
+    admin: AdminClient, cluster_alias: str, specs: Mapping[TopicPartition, Any]
+) -> dict[tuple[str, int], int]:
+    """Offsets by (topic, partition) for OffsetSpecs, as a read_committed consumer sees them.
+
+    Raises TopicAdminError naming the partition and cluster when one cannot be read.
+    """
+    if not specs:
+        return {}
+    futures = admin.list_offsets(
+        dict(specs), isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=ADMIN_TIMEOUT
+    )
+    out: dict[tuple[str, int], int] = {}
+    for tp, future in futures.items():
+        try:
+            out[(tp.topic, tp.partition)] = int(future.result(timeout=ADMIN_TIMEOUT).offset)
+        except KafkaException as exc:
+            raise TopicAdminError(
+                f"reading the offsets of {tp.topic}-{tp.partition} on cluster {cluster_alias}: "
+                f"{exc.args[0].str()}"
+            ) from None
+    return out
 
 
 def create_topic(

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
@@ -50,12 +50,12 @@ from mm2py.progress import ProgressStore, SourcePartition
 from mm2py.source import OFFSET_SYNCS_TOPIC_CONFIG
 from mm2py.sync import ConfigPropertyFilter, remote_topic_configs
 from mm2py.topics import (
-    ADMIN_TIMEOUT,
     TopicAdminError,
     await_partitions,
     create_topic,
     ensure_internal_topic,
     grow_topic,
+    list_offsets,
     partition_counts,
     plan_remote_topics,
 )
@@ -248,21 +248,10 @@ def _ensure_remote_topics(
 def _list_offsets(
     admin: AdminClient, cluster: str, specs: Mapping[TopicPartition, Any]
 ) -> dict[SourcePartition, int]:
-    if not specs:
-        return {}
-    futures = admin.list_offsets(
-        dict(specs), isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=ADMIN_TIMEOUT
-    )
-    out: dict[SourcePartition, int] = {}
-    for tp, future in futures.items():
-        try:
-            out[(tp.topic, tp.partition)] = int(future.result(timeout=ADMIN_TIMEOUT).offset)
-        except KafkaException as exc:
-            raise BackfillError(
-                f"reading the offsets of {tp.topic}-{tp.partition} on cluster {cluster}: "
-                f"{exc.args[0].str()}"
-            ) from None
-    return out
+    try:
+        return list_offsets(admin, cluster, specs)
+    except TopicAdminError as exc:
+        raise BackfillError(str(exc)) from None
 
 
 def read_bounds(
