@@ -162,3 +162,15 @@ def end_offsets(cluster: LocalCluster, topic: str) -> dict[int, int]:
 def topic_names(cluster: LocalCluster) -> set[str]:
     admin = clients.admin_client(cluster.client_properties())
     return set(admin.list_topics(timeout=10).topics)
+
+
+def awkward_records(count: int, partitions: int) -> list[tuple[Any, ...]]:
+    """Records for `produce` that test a copy: null keys and values, binary and repeated
+    headers, an empty and a null header value, distinct timestamps."""
+    sent: list[tuple[Any, ...]] = []
+    for i in range(count):
+        key = None if i % 7 == 0 else f"key-{i}".encode()
+        value = None if i % 11 == 0 else bytes([i % 256]) * (i % 50)
+        headers = [("h", b"\x00\x01"), ("h", f"{i}".encode()), ("empty", b""), ("n", None)]
+        sent.append((i % partitions, key, value, headers, 1_600_000_000_000 + i * 1000))
+    return sent

@@ -23,7 +23,15 @@ from mm2py.local.launcher import LocalCluster
 from mm2py.offsets import OffsetSyncStore
 from mm2py.progress import ProgressStore
 from tests.daemon_harness import mm2_properties, running_daemon
-from tests.kafka_helpers import Rec, create_topic, end_offsets, produce, read_all, wait_until
+from tests.kafka_helpers import (
+    Rec,
+    awkward_records,
+    create_topic,
+    end_offsets,
+    produce,
+    read_all,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -139,12 +147,7 @@ def test_backfill_copies_byte_equal_with_exact_offset_syncs_and_progress(
     cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
 ) -> None:
     create_topic(cluster_a, unique, partitions=3)
-    sent = []
-    for i in range(300):
-        key = None if i % 7 == 0 else f"key-{i}".encode()
-        value = None if i % 11 == 0 else bytes([i % 256]) * (i % 50)
-        headers = [("h", b"\x00\x01"), ("h", f"{i}".encode()), ("empty", b""), ("n", None)]
-        sent.append((i % 3, key, value, headers, 1_600_000_000_000 + i * 1000))
+    sent = awkward_records(300, partitions=3)
     produce(cluster_a, unique, sent[:150])
     _transactions(cluster_a, unique, f"tx-{unique}", "AbCdE")  # markers and aborted records
     produce(cluster_a, unique, sent[150:])

@@ -17,7 +17,15 @@ from mm2py.local.launcher import LocalCluster
 from mm2py.offsets import OffsetSyncStore
 from tests.conftest import Clusters
 from tests.daemon_harness import mm2_properties, running_daemon
-from tests.kafka_helpers import Rec, create_topic, end_offsets, produce, read_all, wait_until
+from tests.kafka_helpers import (
+    Rec,
+    awkward_records,
+    create_topic,
+    end_offsets,
+    produce,
+    read_all,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -66,12 +74,7 @@ def test_records_are_copied_byte_equal_per_partition(
     cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
 ) -> None:
     create_topic(cluster_a, unique, partitions=3)
-    sent = []
-    for i in range(300):
-        key = None if i % 7 == 0 else f"key-{i}".encode()
-        value = None if i % 11 == 0 else bytes([i % 256]) * (i % 50)
-        headers = [("h", b"\x00\x01"), ("h", f"{i}".encode()), ("empty", b""), ("n", None)]
-        sent.append((i % 3, key, value, headers, 1_600_000_000_000 + i * 1000))
+    sent = awkward_records(300, partitions=3)
     produce(cluster_a, unique, sent)
     with running_daemon(_config(tmp_path, cluster_a, cluster_b, unique)) as daemon:
         copied = _copied(cluster_b, f"A.{unique}", 300)
