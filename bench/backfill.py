@@ -68,10 +68,10 @@ from bench.replication import (
     result_line,
     topic_properties,
 )
-from mm2py import clients
-from mm2py.local.jars import fetch_jars
-from mm2py.local.launcher import LocalCluster
-from mm2py.local.mirrormaker import render_properties
+from mm2py.dev.jars import fetch_jars
+from mm2py.dev.launcher import LocalCluster
+from mm2py.dev.mirrormaker import render_properties
+from mm2py.kafka import clients
 
 log = logging.getLogger("bench.backfill")
 

@@ -27,9 +27,9 @@ from typing import Any, Final
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.cimpl import NewTopic
 
-from mm2py import clients
-from mm2py.local.jars import cache_root, java_command
-from mm2py.local.launcher import LocalCluster, LocalKafka
+from mm2py.dev.jars import cache_root, java_command
+from mm2py.dev.launcher import LocalCluster, LocalKafka
+from mm2py.kafka import clients
 
 log = logging.getLogger(__name__)
 

@@ -39,8 +39,8 @@ from dataclasses import asdict
 from functools import partial
 from typing import Any
 
-from mm2py.local.launcher import LocalCluster, LocalKafka, default_state_dir
-from mm2py.local.mirrormaker import RealMirrorMaker
+from mm2py.dev.launcher import LocalCluster, LocalKafka, default_state_dir
+from mm2py.dev.mirrormaker import RealMirrorMaker
 from tests.integration import test_failover as scenario
 from tests.integration.test_failover import Outcome, Replicator
 

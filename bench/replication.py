@@ -10,7 +10,7 @@ Throughput, per workload (8 partitions: 1,000,000 x 1 KiB "large", 2,000,000 x 1
 own pre-filled topic from A to B. Latency: MM2 and then mm2py, each replicating its
 own fresh topic while a producer writes 1 KiB records into it at a steady 5,000/s.
 
-Both systems get the same MM2 properties file (mm2py.local.mirrormaker.mm2_properties,
+Both systems get the same MM2 properties file (mm2py.dev.mirrormaker.mm2_properties,
 only the topic differs): they share ``mm2-offsets.A.internal`` on B, so each must
 replicate topics the other never saw or it would resume from the other's progress.
 
@@ -69,15 +69,15 @@ from bench.common import (
     watch_copy,
 )
 from bench.pipe_limit import pipe_limit
-from mm2py import clients
-from mm2py.local.jars import cache_root
-from mm2py.local.launcher import BROKER_PORTS, LocalCluster, LocalKafka
-from mm2py.local.mirrormaker import (
+from mm2py.dev.jars import cache_root
+from mm2py.dev.launcher import BROKER_PORTS, LocalCluster, LocalKafka
+from mm2py.dev.mirrormaker import (
     MirrorMakerError,
     RealMirrorMaker,
     mm2_properties,
     render_properties,
 )
+from mm2py.kafka import clients
 
 log = logging.getLogger("bench.replication")
 

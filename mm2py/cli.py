@@ -30,8 +30,8 @@ def _aliases(text: str) -> list[str]:
 
 
 def _local(args: argparse.Namespace) -> int:
-    from mm2py.local.jars import JarFetchError, fetch_jars
-    from mm2py.local.launcher import LocalClusterError, LocalKafka
+    from mm2py.dev.jars import JarFetchError, fetch_jars
+    from mm2py.dev.launcher import LocalClusterError, LocalKafka
 
     kafka = LocalKafka(args.dir)
     try:
@@ -113,7 +113,7 @@ def _load(path: Path) -> MirrorConfig:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from mm2py.daemon import (
+    from mm2py.daemon.supervisor import (
         ClusterAccessError,
         Daemon,
         ListenError,
@@ -173,7 +173,7 @@ def _translate_offsets(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
     from mm2py.config import ConfigError
-    from mm2py.translate import (
+    from mm2py.tools.translate import (
         ApplyRefused,
         apply_offsets,
         check_aliases,
@@ -263,9 +263,9 @@ def _verify(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
     from mm2py.config import ConfigError
-    from mm2py.digest import format_json, format_text
-    from mm2py.translate import check_aliases
-    from mm2py.verify import PROGRESS_MIN_RECORDS, ProgressBar, Verifier, VerifyError
+    from mm2py.tools.digest import format_json, format_text
+    from mm2py.tools.translate import check_aliases
+    from mm2py.tools.verify import PROGRESS_MIN_RECORDS, ProgressBar, Verifier, VerifyError
 
     config = _load(args.config)
     try:
@@ -334,7 +334,7 @@ def _backfill(args: argparse.Namespace) -> int:
     from mm2py.backfill.job import BackfillError, BackfillOptions, format_summary, run_backfill
     from mm2py.backfill.plan import TimeBoundError, parse_time_bound
     from mm2py.config import ConfigError
-    from mm2py.translate import check_aliases
+    from mm2py.tools.translate import check_aliases
 
     config = _load(args.config)
     try:
@@ -462,7 +462,7 @@ def _status(args: argparse.Namespace) -> int:
 
     from pydantic import ValidationError
 
-    from mm2py.status import FlowStatus, Health, format_status
+    from mm2py.daemon.status import FlowStatus, Health, format_status
 
     base = args.url.rstrip("/")
 
@@ -522,9 +522,9 @@ def _add_status(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def _demo(args: argparse.Namespace) -> int:
     from mm2py.config import ConfigError
-    from mm2py.demo import run_demo
-    from mm2py.local.jars import JarFetchError
-    from mm2py.local.launcher import LocalClusterError
+    from mm2py.dev.demo import run_demo
+    from mm2py.dev.jars import JarFetchError
+    from mm2py.dev.launcher import LocalClusterError
 
     try:
         run_demo(args.config, seconds=args.seconds, rate=args.rate, listen=args.listen)
@@ -538,7 +538,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from mm2py.demo import DEFAULT_CONFIG
+    from mm2py.dev.demo import DEFAULT_CONFIG
 
     p = sub.add_parser(
         "demo",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mm2py.local.launcher import LocalCluster, LocalKafka, default_state_dir
+from mm2py.dev.launcher import LocalCluster, LocalKafka, default_state_dir
 
 SECURED = {"D", "E"}
 

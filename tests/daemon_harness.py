@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mm2py.local import mirrormaker
-from mm2py.local.launcher import LocalCluster
+
+from mm2py.dev.launcher import LocalCluster
 
 
 def mm2_properties(source: LocalCluster, target: LocalCluster, topics: str, **extra: str) -> str:
     """An MM2 properties file replicating `topics` from `source` to `target`.
 
-    The same file real MM2 runs (see mm2py.local.mirrormaker.mm2_properties).
+    The same file real MM2 runs (see mm2py.dev.mirrormaker.mm2_properties).
     """
     props = mirrormaker.mm2_properties(
         source.alias,

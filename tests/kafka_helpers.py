@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.cimpl import NewTopic
 
-from mm2py import clients
-from mm2py.local.launcher import LocalCluster
+from mm2py.dev.launcher import LocalCluster
+from mm2py.kafka import clients
 
 T = TypeVar("T")
 

@@ -35,10 +35,10 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from mm2py import clients
 from mm2py.backfill.plan import OffsetRange, RangeResult
-from mm2py.formats import CONTIGUOUS_SYNC_HEADER, OffsetSync
-from mm2py.progress import ProgressStore
+from mm2py.compat.formats import CONTIGUOUS_SYNC_HEADER, OffsetSync
+from mm2py.kafka import clients
+from mm2py.replication.progress import ProgressStore
 
 log = logging.getLogger(__name__)
 _librdkafka_log = logging.getLogger("mm2py.librdkafka")

@@ -31,7 +31,6 @@ from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
-from mm2py import clients
 from mm2py.backfill.copier import RangeTask, copy_range
 from mm2py.backfill.plan import (
     DEFAULT_RANGE_RECORDS,
@@ -44,12 +43,12 @@ from mm2py.backfill.plan import (
     RangeScheduler,
     plan_backfill,
 )
+from mm2py.compat.flow import FlowRules
 from mm2py.config import ClusterConfig, FlowConfig, MirrorConfig
-from mm2py.flow import FlowRules
-from mm2py.progress import ProgressStore, SourcePartition
-from mm2py.source import OFFSET_SYNCS_TOPIC_CONFIG
-from mm2py.sync import ConfigPropertyFilter, remote_topic_configs
-from mm2py.topics import (
+from mm2py.daemon.parts.source import OFFSET_SYNCS_TOPIC_CONFIG
+from mm2py.daemon.parts.sync import ConfigPropertyFilter, remote_topic_configs
+from mm2py.kafka import clients
+from mm2py.kafka.topics import (
     TopicAdminError,
     await_partitions,
     create_topic,
@@ -59,6 +58,7 @@ from mm2py.topics import (
     partition_counts,
     plan_remote_topics,
 )
+from mm2py.replication.progress import ProgressStore, SourcePartition
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def run_backfill(
     on_progress: Callable[[str], None] = lambda _line: None,
 ) -> BackfillSummary:
     """Copy the planned ranges of flow source->target; raise BackfillError on failure."""
-    from mm2py.daemon import ClusterAccessError, check_cluster_access
+    from mm2py.daemon.supervisor import ClusterAccessError, check_cluster_access
 
     started = time.monotonic()
     flow = config.flow(options.source, options.target)

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from mm2py.compat.filters import TopicFilter
+from mm2py.compat.policy import policy_from_name
 from mm2py.config.errors import ConfigError
 from mm2py.config.models import FlowConfig, MirrorConfig
-from mm2py.filters import TopicFilter
-from mm2py.policy import policy_from_name
 
 # Regex syntax; `.` is not listed because it matches itself, so `orders.eu` is a name.
 _META = set("[]()*+?{}|^$\\")

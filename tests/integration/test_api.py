@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from mm2py.local.launcher import LocalCluster
+from mm2py.dev.launcher import LocalCluster
 from tests.daemon_harness import RunningDaemon, free_port, mm2_properties, running_daemon
 from tests.kafka_helpers import Rec, create_topic, end_offsets, produce, read_all, wait_until
 

@@ -17,11 +17,11 @@ from confluent_kafka import IsolationLevel, KafkaException, Producer, TopicParti
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
-from mm2py import clients
-from mm2py.formats import OffsetSync, is_contiguous_sync
-from mm2py.local.launcher import LocalCluster
-from mm2py.offsets import OffsetSyncStore
-from mm2py.progress import ProgressStore
+from mm2py.compat.formats import OffsetSync, is_contiguous_sync
+from mm2py.compat.offsets import OffsetSyncStore
+from mm2py.dev.launcher import LocalCluster
+from mm2py.kafka import clients
+from mm2py.replication.progress import ProgressStore
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.kafka_helpers import (
     Rec,

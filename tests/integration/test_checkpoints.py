@@ -16,12 +16,12 @@ import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin._config import ConfigResource
 
-from mm2py import clients
+from mm2py.compat.formats import Checkpoint, OffsetSync
 from mm2py.config import load_config
-from mm2py.formats import Checkpoint, OffsetSync
-from mm2py.local.launcher import LocalCluster
-from mm2py.local.mirrormaker import RealMirrorMaker
-from mm2py.translate import gather
+from mm2py.dev.launcher import LocalCluster
+from mm2py.dev.mirrormaker import RealMirrorMaker
+from mm2py.kafka import clients
+from mm2py.tools.translate import gather
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.kafka_helpers import create_topic, produce, read_all, wait_until
 

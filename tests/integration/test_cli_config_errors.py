@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mm2py.local.launcher import LocalCluster
+from mm2py.dev.launcher import LocalCluster
 from tests.daemon_harness import mm2_properties
 from tests.kafka_helpers import create_topic, produce, topic_names
 

@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-from mm2py import clients
 from mm2py.config import load_config
-from mm2py.local.launcher import LocalCluster
-from mm2py.translate import gather
+from mm2py.dev.launcher import LocalCluster
+from mm2py.kafka import clients
+from mm2py.tools.translate import gather
 from tests.conftest import Clusters
 from tests.daemon_harness import RunningDaemon, mm2_properties, running_daemon
 from tests.kafka_helpers import create_topic, end_offsets, produce, read_all, wait_until

@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-import mm2py.metrics
-from mm2py import clients
-from mm2py.local.launcher import LocalCluster
+import mm2py.daemon.metrics
+from mm2py.dev.launcher import LocalCluster
+from mm2py.kafka import clients
 from tests.daemon_harness import free_port, mm2_properties, running_daemon
 from tests.kafka_helpers import create_topic, wait_until
 
@@ -150,7 +150,9 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
     assert len(titles) == 8 and len(queries) == 12
     # mm2py_checkpoint_latency_seconds comes with the checkpoint part; skip its panel only
     # if the metric is not defined at all.
-    has_checkpoints = "mm2py_checkpoint_latency_seconds" in Path(mm2py.metrics.__file__).read_text()
+    has_checkpoints = (
+        "mm2py_checkpoint_latency_seconds" in Path(mm2py.daemon.metrics.__file__).read_text()
+    )
     if not has_checkpoints:
         queries = [(t, q) for t, q in queries if "checkpoint_latency" not in q]
 

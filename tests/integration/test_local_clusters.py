@@ -16,8 +16,8 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from mm2py import clients
-from mm2py.local.launcher import LocalCluster
+from mm2py.dev.launcher import LocalCluster
+from mm2py.kafka import clients
 from tests.kafka_helpers import create_topic, produce, read_all
 
 pytestmark = pytest.mark.integration

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from mm2py.formats import (
+from mm2py.compat.formats import (
     DEFAULT_OFFSET_STORAGE_PARTITIONS,
     SOURCE_CONNECTOR_NAME,
     SourceProgressKey,
     decode_progress_value,
     partition_for_key,
 )
-from mm2py.local.launcher import LocalCluster
-from mm2py.local.mirrormaker import RealMirrorMaker, mm2_properties, replicating_pattern
+from mm2py.dev.launcher import LocalCluster
+from mm2py.dev.mirrormaker import RealMirrorMaker, mm2_properties, replicating_pattern
 from tests.kafka_helpers import Rec, create_topic, end_offsets, produce, read_all, wait_until
 
 PARTITIONS = 2

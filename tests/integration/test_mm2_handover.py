@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from mm2py.local.launcher import LocalCluster
-from mm2py.local.mirrormaker import RealMirrorMaker, mm2_properties, render_properties
+from mm2py.dev.launcher import LocalCluster
+from mm2py.dev.mirrormaker import RealMirrorMaker, mm2_properties, render_properties
 from tests.daemon_harness import running_daemon
 from tests.kafka_helpers import Rec, create_topic, end_offsets, produce, read_all, wait_until
 

@@ -28,8 +28,8 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
-from mm2py import clients
-from mm2py.local.launcher import LocalCluster, TlsFiles
+from mm2py.dev.launcher import LocalCluster, TlsFiles
+from mm2py.kafka import clients
 from tests.conftest import Clusters
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.integration.test_sync import SCRAM, secured_properties

@@ -11,10 +11,15 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import NewPartitions
 
-from mm2py import clients
-from mm2py.formats import OffsetSync, SourceProgressKey, decode_progress_value, is_contiguous_sync
-from mm2py.local.launcher import LocalCluster
-from mm2py.offsets import OffsetSyncStore
+from mm2py.compat.formats import (
+    OffsetSync,
+    SourceProgressKey,
+    decode_progress_value,
+    is_contiguous_sync,
+)
+from mm2py.compat.offsets import OffsetSyncStore
+from mm2py.dev.launcher import LocalCluster
+from mm2py.kafka import clients
 from tests.conftest import Clusters
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.kafka_helpers import (

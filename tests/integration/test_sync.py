@@ -18,9 +18,9 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from mm2py import clients
-from mm2py.local.launcher import LocalCluster
-from mm2py.sync import SOURCE_TOPIC
+from mm2py.daemon.parts.sync import SOURCE_TOPIC
+from mm2py.dev.launcher import LocalCluster
+from mm2py.kafka import clients
 from tests.conftest import Clusters
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.kafka_helpers import create_topic, produce, read_all, topic_names, wait_until

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mm2py.local.launcher import LocalCluster
-from mm2py.local.mirrormaker import render_properties
+from mm2py.dev.launcher import LocalCluster
+from mm2py.dev.mirrormaker import render_properties
 from tests.conftest import Clusters
 from tests.daemon_harness import running_daemon
 from tests.kafka_helpers import Rec, create_topic, produce, read_all, topic_names, wait_until

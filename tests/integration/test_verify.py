@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer, TopicPartition
 
-from mm2py import clients
-from mm2py.local.launcher import LocalCluster
+from mm2py.dev.launcher import LocalCluster
+from mm2py.kafka import clients
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.kafka_helpers import create_topic, end_offsets, produce, wait_until
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import io
 import json
 
-from mm2py.digest import (
+from mm2py.compat.offsets import Translation
+from mm2py.tools.digest import (
     PartitionComparison,
     VerifyReport,
     align,
@@ -13,8 +14,7 @@ from mm2py.digest import (
     format_text,
     record_digest,
 )
-from mm2py.offsets import Translation
-from mm2py.verify import ProgressBar
+from mm2py.tools.verify import ProgressBar
 
 
 def _d(i: int, value: bytes | None = None) -> bytes:

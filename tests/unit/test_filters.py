@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from mm2py.filters import (
+from mm2py.compat.filters import (
     DEFAULT_GROUPS_EXCLUDE,
     DEFAULT_GROUPS_INCLUDE,
     DEFAULT_TOPICS_EXCLUDE,

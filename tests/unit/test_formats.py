@@ -1,4 +1,4 @@
-"""Byte-level tests of MM2's wire formats (mm2py.formats).
+"""Byte-level tests of MM2's wire formats (mm2py.compat.formats).
 
 Every expected byte string below is written by hand from MM2's Schema definitions
 (comments show the derivation). All of them were also cross-checked against the real
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from mm2py.formats import (
+from mm2py.compat.formats import (
     DEFAULT_OFFSET_STORAGE_PARTITIONS,
     SOURCE_CONNECTOR_NAME,
     Checkpoint,

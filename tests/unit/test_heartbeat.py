@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from mm2py.compat.policy import DefaultReplicationPolicy, IdentityReplicationPolicy
 from mm2py.config import MirrorConfig, load_config
-from mm2py.daemon import build_parts, select_flows, select_heartbeat_flows
-from mm2py.heartbeat import HeartbeatPart, HeartbeatPath, heartbeat_path
-from mm2py.metrics import Metrics
-from mm2py.policy import DefaultReplicationPolicy, IdentityReplicationPolicy
+from mm2py.daemon.metrics import Metrics
+from mm2py.daemon.parts.heartbeat import HeartbeatPart, HeartbeatPath, heartbeat_path
+from mm2py.daemon.supervisor import build_parts, select_flows, select_heartbeat_flows
 
 DEFAULT = DefaultReplicationPolicy()
 

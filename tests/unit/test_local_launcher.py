@@ -1,6 +1,6 @@
 """Pure parts of the local cluster launcher."""
 
-from mm2py.local.launcher import _cluster_id
+from mm2py.dev.launcher import _cluster_id
 
 
 def test_cluster_ids_never_look_like_an_option() -> None:

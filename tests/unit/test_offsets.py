@@ -1,9 +1,9 @@
-"""Exact translation from offset syncs (mm2py.offsets)."""
+"""Exact translation from offset syncs (mm2py.compat.offsets)."""
 
 from __future__ import annotations
 
-from mm2py.formats import OffsetSync
-from mm2py.offsets import OffsetSyncStore, PartitionSyncs, Translation
+from mm2py.compat.formats import OffsetSync
+from mm2py.compat.offsets import OffsetSyncStore, PartitionSyncs, Translation
 
 
 def _syncs(*pairs: tuple[int, int]) -> PartitionSyncs:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from mm2py.filters import TopicFilter
-from mm2py.policy import (
+from mm2py.compat.filters import TopicFilter
+from mm2py.compat.policy import (
     DEFAULT_POLICY_CLASS,
     IDENTITY_POLICY_CLASS,
     DefaultReplicationPolicy,

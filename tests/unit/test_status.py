@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from mm2py.metrics import LATENCY_BUCKETS, Histogram
-from mm2py.status import (
+from mm2py.daemon.metrics import LATENCY_BUCKETS, Histogram
+from mm2py.daemon.status import (
     FlowStatus,
     LatencyWindow,
     PartStatus,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from mm2py.config import FlowConfig, load_config
-from mm2py.daemon import Daemon, Supervised
-from mm2py.parts import Part
+from mm2py.daemon.part import Part
+from mm2py.daemon.supervisor import Daemon, Supervised
 
 
 class Flaky(Part):

@@ -9,7 +9,7 @@ import pytest
 from mm2py.config import ConfigError, load_config
 from mm2py.config.loops import candidate_topics
 from mm2py.config.models import DEFAULT_CONFIG_PROPERTIES_EXCLUDE
-from mm2py.sync import (
+from mm2py.daemon.parts.sync import (
     SOURCE_DEFAULT,
     SOURCE_STATIC_BROKER,
     SOURCE_TOPIC,

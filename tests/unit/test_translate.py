@@ -1,17 +1,17 @@
-"""translate-offsets' report (mm2py.translate): rows, reasons, text and JSON, no broker."""
+"""translate-offsets' report (mm2py.tools.translate): rows, reasons, text and JSON, no broker."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from mm2py.compat.flow import FlowRules
+from mm2py.compat.formats import Checkpoint, OffsetSync
+from mm2py.compat.offsets import OffsetSyncStore
+from mm2py.compat.policy import DefaultReplicationPolicy, IdentityReplicationPolicy
 from mm2py.config import FlowConfig
 from mm2py.config.models import FlowSettings
-from mm2py.flow import FlowRules
-from mm2py.formats import Checkpoint, OffsetSync
-from mm2py.offsets import OffsetSyncStore
-from mm2py.policy import DefaultReplicationPolicy, IdentityReplicationPolicy
-from mm2py.translate import (
+from mm2py.tools.translate import (
     SourceView,
     build_report,
     format_age,

@@ -1,21 +1,21 @@
-"""The checkpoint part's pure rules (mm2py.checkpoint): which checkpoints, when, where."""
+"""The checkpoint part's pure rules: which checkpoints, when, where."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from mm2py.checkpoint import (
+from mm2py.compat.flow import FlowRules
+from mm2py.compat.formats import Checkpoint, OffsetSync
+from mm2py.compat.offsets import OffsetSyncStore, Translation
+from mm2py.config import FlowConfig
+from mm2py.config.models import FlowSettings
+from mm2py.daemon.parts.checkpoint import (
     CheckpointStore,
     CommittedOffset,
     is_newer,
     offsets_to_sync,
     translate_group,
 )
-from mm2py.config import FlowConfig
-from mm2py.config.models import FlowSettings
-from mm2py.flow import FlowRules
-from mm2py.formats import Checkpoint, OffsetSync
-from mm2py.offsets import OffsetSyncStore, Translation
 
 
 def _rules(**settings: Any) -> FlowRules:

@@ -15,8 +15,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from mm2py import clients
-from mm2py.formats import (
+from mm2py.compat.formats import (
     DEFAULT_OFFSET_STORAGE_PARTITIONS,
     SOURCE_CONNECTOR_NAME,
     SourceProgressKey,
@@ -24,7 +23,8 @@ from mm2py.formats import (
     encode_progress_value,
     partition_for_key,
 )
-from mm2py.topics import await_partitions, ensure_internal_topic
+from mm2py.kafka import clients
+from mm2py.kafka.topics import await_partitions, ensure_internal_topic
 
 log = logging.getLogger(__name__)
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from mm2py.compat.filters import GroupFilter, TopicFilter
+from mm2py.compat.policy import ReplicationPolicy, policy_from_name, should_replicate_topic
 from mm2py.config import FlowConfig
 from mm2py.config.models import FlowSettings
-from mm2py.filters import GroupFilter, TopicFilter
-from mm2py.policy import ReplicationPolicy, policy_from_name, should_replicate_topic
 
 
 class FlowRules:

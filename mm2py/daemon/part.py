@@ -8,9 +8,9 @@ import traceback
 from abc import ABC, abstractmethod
 
 from mm2py import logs
+from mm2py.compat.flow import FlowRules
 from mm2py.config import ClusterConfig, FlowConfig
-from mm2py.flow import FlowRules
-from mm2py.metrics import Metrics
+from mm2py.daemon.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@
 
 `{flow}` is `A->B` percent-encoded (`A-%3EB`; most clients encode `>` themselves),
 or `A-B` when that names exactly one flow. FastAPI generates the OpenAPI document
-from the pydantic models in `mm2py.status`; uvicorn serves the app on a thread of
+from the pydantic models in `mm2py.daemon.status`; uvicorn serves the app on a thread of
 its own, so the daemon's parts and supervisor stay plain threads.
 """
 
@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from mm2py import __version__
-from mm2py.status import FlowStatus, Health, Problem, Version, resolve_flow
+from mm2py.daemon.status import FlowStatus, Health, Problem, Version, resolve_flow
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ SERVER_STOP_TIMEOUT = 5.0
 
 
 class FlowControl(Protocol):
-    """What the API needs from the daemon (implemented by `mm2py.daemon.Daemon`)."""
+    """What the API needs from the daemon (implemented by `mm2py.daemon.supervisor.Daemon`)."""
 
     @property
     def registry(self) -> CollectorRegistry: ...

@@ -1,6 +1,6 @@
 """The replicator daemon: runs every enabled flow's parts, restarts failed ones, serves REST.
 
-The REST API (mm2py.api) and /metrics share the listen address. Requests that
+The REST API (mm2py.daemon.api) and /metrics share the listen address. Requests that
 pause, resume or restart a flow come on the API's threads; they and the
 supervisor take turns through one lock, so a part is never restarted by both.
 """
@@ -20,14 +20,14 @@ from types import FrameType
 from confluent_kafka import KafkaError
 from prometheus_client import CollectorRegistry
 
-from mm2py import clients
-from mm2py.checkpoint import CheckpointPart
 from mm2py.config import FlowConfig, MirrorConfig
-from mm2py.heartbeat import HeartbeatPart
-from mm2py.metrics import Metrics
-from mm2py.parts import Part
-from mm2py.source import SourcePart
-from mm2py.status import (
+from mm2py.daemon.metrics import Metrics
+from mm2py.daemon.part import Part
+from mm2py.daemon.parts.checkpoint import CheckpointPart
+from mm2py.daemon.parts.heartbeat import HeartbeatPart
+from mm2py.daemon.parts.source import SourcePart
+from mm2py.daemon.parts.sync import SyncPart
+from mm2py.daemon.status import (
     FlowStatus,
     Health,
     LatencyWindow,
@@ -36,7 +36,7 @@ from mm2py.status import (
     flow_state,
     health,
 )
-from mm2py.sync import SyncPart
+from mm2py.kafka import clients
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ class Daemon:
             self.config,
             {a for sup in self.parts for a in (sup.part.flow.source, sup.part.flow.target)},
         )
-        from mm2py.api import ApiServer, bind, build_app  # FastAPI loads only for `run`
+        from mm2py.daemon.api import ApiServer, bind, build_app  # FastAPI loads only for `run`
 
         host, port = parse_listen(self.listen)
         try:

@@ -21,20 +21,20 @@ from typing import Any, Final, Literal
 
 from confluent_kafka import KafkaException
 
-from mm2py import clients
-from mm2py.checkpoint import (
+from mm2py.compat.flow import FlowRules
+from mm2py.compat.formats import Checkpoint
+from mm2py.compat.offsets import OffsetSyncStore
+from mm2py.compat.policy import ReplicationPolicy, checkpoint_topic
+from mm2py.config import ConfigError, FlowConfig, MirrorConfig
+from mm2py.config.models import FlowSettings
+from mm2py.daemon.parts.checkpoint import (
     commit_group_offsets,
     describe_groups,
     list_group_offsets,
     load_checkpoints,
     read_offset_syncs,
 )
-from mm2py.config import ConfigError, FlowConfig, MirrorConfig
-from mm2py.config.models import FlowSettings
-from mm2py.flow import FlowRules
-from mm2py.formats import Checkpoint
-from mm2py.offsets import OffsetSyncStore
-from mm2py.policy import ReplicationPolicy, checkpoint_topic
+from mm2py.kafka import clients
 
 Status = Literal["ok", "stale", "untranslated"]
 

@@ -39,7 +39,7 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from mm2py.formats import OffsetSync
+from mm2py.compat.formats import OffsetSync
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,7 +52,7 @@ from types import TracebackType
 from typing import IO, Final
 
 from mm2py.config.properties import decode, parse_properties
-from mm2py.local.jars import cache_root, java_command
+from mm2py.dev.jars import cache_root, java_command
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def mm2_properties(
 
 def render_properties(props: Mapping[str, str]) -> str:
     """`props` as a Java .properties file that ``Properties.load`` reads back unchanged."""
-    lines = ["# written by mm2py.local.mirrormaker"]
+    lines = ["# written by mm2py.dev.mirrormaker"]
     for key, value in props.items():
         lines.append(f"{_escape(key, is_key=True)}={_escape(value, is_key=False)}")
     return "\n".join(lines) + "\n"

@@ -41,14 +41,14 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from mm2py import clients
+from mm2py.compat.flow import FlowRules
+from mm2py.compat.formats import Heartbeat
+from mm2py.compat.policy import ReplicationPolicy, count_hops
 from mm2py.config import ClusterConfig, FlowConfig
-from mm2py.flow import FlowRules
-from mm2py.formats import Heartbeat
-from mm2py.metrics import Metrics
-from mm2py.parts import Part
-from mm2py.policy import ReplicationPolicy, count_hops
-from mm2py.topics import ensure_internal_topic, partition_counts
+from mm2py.daemon.metrics import Metrics
+from mm2py.daemon.part import Part
+from mm2py.kafka import clients
+from mm2py.kafka.topics import ensure_internal_topic, partition_counts
 
 log = logging.getLogger(__name__)
 

@@ -32,15 +32,13 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
-from mm2py import clients
+from mm2py.compat.formats import CONTIGUOUS_SYNC_HEADER, OffsetSync
 from mm2py.config import ClusterConfig, FlowConfig
-from mm2py.formats import CONTIGUOUS_SYNC_HEADER, OffsetSync
-from mm2py.logs import partition_fields
-from mm2py.metrics import Metrics, PartitionStats, ReplicationStats
-from mm2py.parts import FlowPart
-from mm2py.progress import ProgressStore, SourcePartition
-from mm2py.sync import ConfigPropertyFilter, remote_topic_configs
-from mm2py.topics import (
+from mm2py.daemon.metrics import Metrics, PartitionStats, ReplicationStats
+from mm2py.daemon.part import FlowPart
+from mm2py.daemon.parts.sync import ConfigPropertyFilter, remote_topic_configs
+from mm2py.kafka import clients
+from mm2py.kafka.topics import (
     TopicAdminError,
     await_partitions,
     create_topic,
@@ -50,6 +48,8 @@ from mm2py.topics import (
     partition_counts,
     plan_remote_topics,
 )
+from mm2py.logs import partition_fields
+from mm2py.replication.progress import ProgressStore, SourcePartition
 
 log = logging.getLogger(__name__)
 

@@ -38,12 +38,12 @@ from confluent_kafka.admin._acl import (
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 
-from mm2py import clients
+from mm2py.compat.filters import compile_pattern_list
 from mm2py.config import ClusterConfig, FlowConfig
-from mm2py.filters import compile_pattern_list
-from mm2py.metrics import Metrics
-from mm2py.parts import FlowPart
-from mm2py.topics import ADMIN_TIMEOUT, partition_counts
+from mm2py.daemon.metrics import Metrics
+from mm2py.daemon.part import FlowPart
+from mm2py.kafka import clients
+from mm2py.kafka.topics import ADMIN_TIMEOUT, partition_counts
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mm2py.clients import describe_cluster
-from mm2py.local.jars import cache_root, java_command
+from mm2py.dev.jars import cache_root, java_command
+from mm2py.kafka.clients import describe_cluster
 
 log = logging.getLogger(__name__)
 

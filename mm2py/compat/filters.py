@@ -161,7 +161,7 @@ class _IncludeExcludeFilter:
 class TopicFilter(_IncludeExcludeFilter):
     """MM2's ``DefaultTopicFilter``: ``topics`` / ``topics.exclude``.
 
-    Only the filter: :func:`mm2py.policy.should_replicate_topic` adds MM2's other
+    Only the filter: :func:`mm2py.compat.policy.should_replicate_topic` adds MM2's other
     rules (heartbeats always flow, internal topics and cycles never do).
     """
 

@@ -1,6 +1,6 @@
 """`mm2py verify`: read each replicated partition on both clusters and compare them.
 
-The comparison itself is in `mm2py.digest`; this module finds the partitions,
+The comparison itself is in `mm2py.tools.digest`; this module finds the partitions,
 reads them (the source `read_committed`, so aborted records are skipped as the
 source part skips them) and reports progress. End offsets are taken on the target
 first, then on the source: everything the target holds then was copied from
@@ -18,13 +18,19 @@ from typing import Any, TextIO
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from mm2py import clients
-from mm2py.checkpoint import read_offset_syncs
+from mm2py.compat.flow import FlowRules
+from mm2py.compat.offsets import OffsetSyncStore
 from mm2py.config import FlowConfig, MirrorConfig
-from mm2py.digest import PartitionComparison, PartitionResult, VerifyReport, align, record_digest
-from mm2py.flow import FlowRules
-from mm2py.offsets import OffsetSyncStore
-from mm2py.topics import partition_counts
+from mm2py.daemon.parts.checkpoint import read_offset_syncs
+from mm2py.kafka import clients
+from mm2py.kafka.topics import partition_counts
+from mm2py.tools.digest import (
+    PartitionComparison,
+    PartitionResult,
+    VerifyReport,
+    align,
+    record_digest,
+)
 
 BATCH = 2000
 POLL_TIMEOUT = 0.5

@@ -299,7 +299,7 @@ def policy_from_name(
 
 
 class TopicFilterLike(Protocol):
-    """Anything that decides by name whether a topic is wanted (see mm2py.filters)."""
+    """Anything that decides by name whether a topic is wanted (see mm2py.compat.filters)."""
 
     def should_replicate_topic(self, topic: str) -> bool:
         """True if the topic is selected by the filter."""

@@ -16,7 +16,7 @@ As MM2's MirrorCheckpointConnector and MirrorCheckpointTask:
 A checkpoint is written when it is the first for its group and partition, when the
 group was rewound on the source, or when its target offset is later than the last
 one: the existing checkpoints are loaded at start, so restarts never move a
-checkpoint back. Translation is exact (:mod:`mm2py.offsets`); a group ahead of
+checkpoint back. Translation is exact (:mod:`mm2py.compat.offsets`); a group ahead of
 the offset syncs gets a safe checkpoint first and an exact one once the syncs
 cover its offset.
 
@@ -59,16 +59,16 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
-from mm2py import clients
+from mm2py.compat.filters import should_checkpoint_group
+from mm2py.compat.flow import FlowRules
+from mm2py.compat.formats import Checkpoint, OffsetSync, is_contiguous_sync
+from mm2py.compat.offsets import OffsetSyncStore, Translation
+from mm2py.compat.policy import checkpoint_topic
 from mm2py.config import ClusterConfig, FlowConfig
-from mm2py.filters import should_checkpoint_group
-from mm2py.flow import FlowRules
-from mm2py.formats import Checkpoint, OffsetSync, is_contiguous_sync
-from mm2py.metrics import Metrics
-from mm2py.offsets import OffsetSyncStore, Translation
-from mm2py.parts import FlowPart
-from mm2py.policy import checkpoint_topic
-from mm2py.topics import ensure_internal_topic
+from mm2py.daemon.metrics import Metrics
+from mm2py.daemon.part import FlowPart
+from mm2py.kafka import clients
+from mm2py.kafka.topics import ensure_internal_topic
 
 log = logging.getLogger(__name__)
 

@@ -16,16 +16,17 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from mm2py import clients
 from mm2py.config import load_config
-from mm2py.daemon import Daemon, select_flows
-from mm2py.local.launcher import LocalCluster, LocalKafka
-from mm2py.topics import create_topic
+from mm2py.daemon.supervisor import Daemon, select_flows
+from mm2py.dev.launcher import LocalCluster, LocalClusterError, LocalKafka
+from mm2py.kafka import clients
+from mm2py.kafka.topics import create_topic
 
 log = logging.getLogger(__name__)
 
 DEMO_TOPIC = "demo.orders"
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "mm2.properties"
+# The demo is development tooling: it runs from a source checkout, on its example config.
+DEFAULT_CONFIG = Path("configs") / "mm2.properties"
 
 
 def _produce_orders(cluster: LocalCluster, stop: threading.Event, rate: float) -> None:
@@ -77,6 +78,10 @@ def run_demo(
     # The demo shows the records; the daemon's routine log lines would bury them.
     for name in ("mm2py", "uvicorn"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    if not config_path.is_file():
+        raise LocalClusterError(
+            f"no {config_path} here: run the demo from the mm2py source checkout or pass --config"
+        )
     a, b = LocalKafka().up(["A", "B"])
     out(f"cluster A on {a.bootstrap_servers}, cluster B on {b.bootstrap_servers}")
     create_topic(clients.admin_client(a.client_properties()), "A", DEMO_TOPIC, 3, 1)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Final, Literal
 
-from mm2py.offsets import Translation
+from mm2py.compat.offsets import Translation
 
 Status = Literal["match", "behind", "mismatch", "extra", "missing", "unaligned"]
 

@@ -1,0 +1,1 @@
+"""confluent-kafka adapters: the one client factory and topic administration."""

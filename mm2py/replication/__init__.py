@@ -1,0 +1,2 @@
+"""What the daemon and the backfill share to copy records: progress, offset syncs,
+remote topics, the copy loop."""

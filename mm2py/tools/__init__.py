@@ -1,0 +1,1 @@
+"""Operator tools: translate-offsets and verify."""
