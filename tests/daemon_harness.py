@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from mm2py.local import mirrormaker
+from mm2py.dev import mirrormaker
 
 from mm2py.dev.launcher import LocalCluster
 
