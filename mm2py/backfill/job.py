@@ -44,10 +44,11 @@ from mm2py.backfill.plan import (
     plan_backfill,
 )
 from mm2py.compat.flow import FlowRules
+from mm2py.compat.topic_configs import ConfigPropertyFilter
 from mm2py.config import ClusterConfig, FlowConfig, MirrorConfig
 from mm2py.daemon.parts.source import OFFSET_SYNCS_TOPIC_CONFIG
-from mm2py.daemon.parts.sync import ConfigPropertyFilter, remote_topic_configs
 from mm2py.kafka import clients
+from mm2py.kafka.configs import remote_topic_configs
 from mm2py.kafka.topics import (
     TopicAdminError,
     await_partitions,

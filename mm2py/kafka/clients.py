@@ -48,6 +48,12 @@ def consumer(props: Mapping[str, str], overrides: Mapping[str, Any] | None = Non
     return Consumer(settings)
 
 
+def error_text(exc: BaseException) -> str:
+    """The message of a KafkaException (its KafkaError's text) or of any other error."""
+    first = exc.args[0] if exc.args else exc
+    return str(first.str()) if isinstance(first, KafkaError) else str(first)
+
+
 def describe_cluster(props: Mapping[str, str], timeout: float = 3.0) -> bool:
     """True when the cluster answers a describe-cluster request in time."""
     admin = admin_client(props, {"log_level": 0})

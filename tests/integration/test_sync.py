@@ -18,7 +18,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from mm2py.daemon.parts.sync import SOURCE_TOPIC
+from mm2py.compat.topic_configs import SOURCE_TOPIC
 from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka import clients
 from tests.conftest import Clusters

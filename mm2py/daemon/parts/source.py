@@ -33,11 +33,12 @@ from confluent_kafka import (
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
 from mm2py.compat.formats import CONTIGUOUS_SYNC_HEADER, OffsetSync
+from mm2py.compat.topic_configs import ConfigPropertyFilter
 from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.daemon.metrics import Metrics, PartitionStats, ReplicationStats
 from mm2py.daemon.part import FlowPart
-from mm2py.daemon.parts.sync import ConfigPropertyFilter, remote_topic_configs
 from mm2py.kafka import clients
+from mm2py.kafka.configs import remote_topic_configs
 from mm2py.kafka.topics import (
     TopicAdminError,
     await_partitions,

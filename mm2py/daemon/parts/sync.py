@@ -1,6 +1,6 @@
 """Topic config sync and topic ACL sync of a flow A->B, as MM2's MirrorSourceConnector does them.
 
-The decisions are pure functions over plain values (`ConfigValue`, `TopicAcl`):
+The decisions are pure (mm2py.compat.topic_configs and mm2py.compat.acls):
 
 - configs: every source topic config that is not the broker's built-in default
   (and not read-only, sensitive, a static broker setting or matched by
@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -38,175 +37,21 @@ from confluent_kafka.admin._acl import (
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 
-from mm2py.compat.filters import compile_pattern_list
+from mm2py.compat.acls import TopicAcl, missing_acls, target_acls
+from mm2py.compat.topic_configs import (
+    ConfigChanges,
+    ConfigPropertyFilter,
+    config_changes,
+)
 from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.daemon.metrics import Metrics
 from mm2py.daemon.part import FlowPart
 from mm2py.kafka import clients
+from mm2py.kafka.clients import error_text
+from mm2py.kafka.configs import describe_topic_configs
 from mm2py.kafka.topics import ADMIN_TIMEOUT, partition_counts
 
 log = logging.getLogger(__name__)
-
-# Kafka's ConfigEntry.ConfigSource, as numbered on the wire (DescribeConfigs v1+).
-SOURCE_TOPIC = 1  # DYNAMIC_TOPIC_CONFIG: set on the topic itself
-SOURCE_STATIC_BROKER = 4  # STATIC_BROKER_CONFIG: the broker's server.properties
-SOURCE_DEFAULT = 5  # DEFAULT_CONFIG: Kafka's built-in default
-
-
-# -- topic configs (pure) ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ConfigValue:
-    """One entry of a topic's described configuration."""
-
-    name: str
-    value: str | None
-    source: int
-    read_only: bool = False
-    sensitive: bool = False
-
-    @property
-    def is_default(self) -> bool:
-        """Kafka's ConfigEntry.isDefault(): the built-in default, set nowhere."""
-        return self.source == SOURCE_DEFAULT
-
-
-class ConfigPropertyFilter:
-    """MM2's DefaultConfigPropertyFilter: ``config.properties.exclude`` (whole-name regexes)."""
-
-    def __init__(self, exclude: Iterable[str]) -> None:
-        self._exclude = compile_pattern_list(exclude)
-
-    def should_replicate(self, name: str) -> bool:
-        return self._exclude is None or self._exclude.fullmatch(name) is None
-
-
-def _syncable(entry: ConfigValue, prop_filter: ConfigPropertyFilter) -> bool:
-    """What MM2's targetConfig keeps: writable, not secret, not broker-file, not excluded."""
-    return (
-        not entry.read_only
-        and not entry.sensitive
-        and entry.source != SOURCE_STATIC_BROKER
-        and prop_filter.should_replicate(entry.name)
-    )
-
-
-def creation_configs(
-    source: Iterable[ConfigValue], prop_filter: ConfigPropertyFilter
-) -> dict[str, str]:
-    """The configs a remote topic is created with: the source's non-default ones."""
-    return {
-        e.name: e.value
-        for e in source
-        if _syncable(e, prop_filter) and not e.is_default and e.value is not None
-    }
-
-
-@dataclass(frozen=True)
-class ConfigChanges:
-    """Incremental alter-config operations for one remote topic."""
-
-    set: dict[str, str]
-    delete: tuple[str, ...]
-
-    def __bool__(self) -> bool:
-        return bool(self.set or self.delete)
-
-    def describe(self) -> str:
-        """`set a=1, b=2; removed c` for a log line (topic configs are never secret)."""
-        parts = []
-        if self.set:
-            parts.append("set " + ", ".join(f"{k}={v}" for k, v in sorted(self.set.items())))
-        if self.delete:
-            parts.append("removed " + ", ".join(sorted(self.delete)))
-        return "; ".join(parts)
-
-
-def config_changes(
-    source: Iterable[ConfigValue],
-    target: Iterable[ConfigValue],
-    prop_filter: ConfigPropertyFilter,
-) -> ConfigChanges:
-    """What to alter on a remote topic so its configs follow the source topic's.
-
-    As MM2's incremental sync: a non-default source value is SET, a default one is
-    DELETEd from the remote topic (the target's default applies). Unlike MM2, only
-    operations that change something are returned, so an unchanged topic costs no
-    write on the target's controller.
-    """
-    current = {e.name: e for e in target}
-    to_set: dict[str, str] = {}
-    to_delete: list[str] = []
-    for entry in source:
-        if not _syncable(entry, prop_filter):
-            continue
-        there = current.get(entry.name)
-        # The remote topic's own value; None when it follows the target's defaults.
-        override = there.value if there is not None and there.source == SOURCE_TOPIC else None
-        if entry.is_default:
-            if override is not None:
-                to_delete.append(entry.name)
-        elif entry.value is not None and entry.value != override:
-            to_set[entry.name] = entry.value
-    return ConfigChanges(to_set, tuple(to_delete))
-
-
-# -- topic ACLs (pure) --------------------------------------------------------------
-
-
-@dataclass(frozen=True, order=True)
-class TopicAcl:
-    """One ACL binding on a topic resource (names as Kafka spells them: READ, ALLOW, ...)."""
-
-    topic: str
-    principal: str
-    host: str
-    operation: str
-    permission: str
-    pattern: str = "LITERAL"
-
-    def __str__(self) -> str:
-        return (
-            f"{self.permission} {self.operation} for {self.principal} from {self.host} "
-            f"on topic {self.topic}"
-        )
-
-
-def should_replicate_acl(acl: TopicAcl) -> bool:
-    """MM2's shouldReplicateAcl: ALLOW WRITE never reaches a remote topic."""
-    return not (acl.permission == "ALLOW" and acl.operation == "WRITE")
-
-
-def target_acl(acl: TopicAcl, remote_topic: str) -> TopicAcl:
-    """MM2's targetAclBinding: the remote name, ALLOW ALL downgraded to ALLOW READ."""
-    operation = acl.operation
-    if acl.permission == "ALLOW" and operation == "ALL":
-        operation = "READ"
-    return TopicAcl(remote_topic, acl.principal, acl.host, operation, acl.permission)
-
-
-def target_acls(
-    source: Iterable[TopicAcl],
-    should_replicate_topic: Callable[[str], bool],
-    remote_topic: Callable[[str], str],
-) -> list[TopicAcl]:
-    """The ACLs the target should have for the source's topic ACLs (sorted, no repeats)."""
-    wanted = {
-        target_acl(acl, remote_topic(acl.topic))
-        for acl in source
-        if acl.pattern == "LITERAL"
-        and should_replicate_acl(acl)
-        and should_replicate_topic(acl.topic)
-    }
-    return sorted(wanted)
-
-
-def missing_acls(wanted: Iterable[TopicAcl], existing: Iterable[TopicAcl]) -> list[TopicAcl]:
-    """The wanted ACLs the target does not have yet."""
-    have = set(existing)
-    return [acl for acl in wanted if acl not in have]
-
 
 # -- admin I/O ------------------------------------------------------------------------
 
@@ -224,55 +69,6 @@ ANY_TOPIC_ACL = AclBindingFilter(
 
 class SyncError(RuntimeError):
     """Configs or ACLs could not be read or written; says which cluster and why."""
-
-
-def describe_topic_configs(
-    admin: AdminClient, cluster_alias: str, topics: Iterable[str]
-) -> dict[str, list[ConfigValue] | str]:
-    """Each topic's configuration, or the reason it could not be read (never raises)."""
-    resources = [ConfigResource(ResourceType.TOPIC, t) for t in sorted(set(topics))]
-    if not resources:
-        return {}
-    out: dict[str, list[ConfigValue] | str] = {}
-    try:
-        futures = admin.describe_configs(resources, request_timeout=ADMIN_TIMEOUT)
-    except KafkaException as exc:
-        reason = f"cannot read topic configs on cluster {cluster_alias}: {_reason(exc)}"
-        return {r.name: reason for r in resources}
-    for resource, future in futures.items():
-        try:
-            entries: Mapping[str, Any] = future.result(timeout=ADMIN_TIMEOUT)
-        except KafkaException as exc:
-            out[resource.name] = (
-                f"cannot read the configs of topic {resource.name!r} on cluster "
-                f"{cluster_alias}: {_reason(exc)}"
-            )
-            continue
-        out[resource.name] = [_config_value(e) for e in entries.values()]
-    return out
-
-
-def _config_value(entry: Any) -> ConfigValue:
-    return ConfigValue(
-        entry.name,
-        entry.value,
-        int(entry.source),
-        bool(entry.is_read_only),
-        bool(entry.is_sensitive),
-    )
-
-
-def remote_topic_configs(
-    admin: AdminClient,
-    cluster_alias: str,
-    topics: Iterable[str],
-    prop_filter: ConfigPropertyFilter,
-) -> dict[str, dict[str, str] | str]:
-    """For new remote topics: each source topic's creation configs, or why they are unknown."""
-    return {
-        topic: entries if isinstance(entries, str) else creation_configs(entries, prop_filter)
-        for topic, entries in describe_topic_configs(admin, cluster_alias, topics).items()
-    }
 
 
 def _topic_acl(binding: Any) -> TopicAcl:
@@ -378,7 +174,11 @@ class SyncPart(FlowPart):
             task()
         except (KafkaException, SyncError) as exc:
             self.errors.inc()
-            log.warning("flow %s: %s; retrying at the next interval", self.flow.name, _reason(exc))
+            log.warning(
+                "flow %s: %s; retrying at the next interval",
+                self.flow.name,
+                error_text(exc),
+            )
 
     # -- configs -------------------------------------------------------------------
 
@@ -388,11 +188,11 @@ class SyncPart(FlowPart):
         try:
             source_topics = partition_counts(self._source_admin)
         except KafkaException as exc:
-            raise SyncError(f"listing topics on {flow.source} failed: {_reason(exc)}") from None
+            raise SyncError(f"listing topics on {flow.source} failed: {error_text(exc)}") from None
         try:
             target_topics = partition_counts(self._target_admin)
         except KafkaException as exc:
-            raise SyncError(f"listing topics on {flow.target} failed: {_reason(exc)}") from None
+            raise SyncError(f"listing topics on {flow.target} failed: {error_text(exc)}") from None
         pairs = {t: rt.remote_topic(t) for t in source_topics if rt.should_replicate(t)}
         return {t: r for t, r in pairs.items() if r in target_topics}
 
@@ -433,7 +233,7 @@ class SyncPart(FlowPart):
                     resource.name,
                     flow.target,
                     changes.describe(),
-                    _reason(exc),
+                    error_text(exc),
                 )
                 continue
             log.info(
@@ -458,7 +258,7 @@ class SyncPart(FlowPart):
                 self._log_no_source_authorizer()
                 return
             raise SyncError(
-                f"cannot list the topic ACLs of cluster {flow.source}: {_reason(exc)}"
+                f"cannot list the topic ACLs of cluster {flow.source}: {error_text(exc)}"
             ) from None
         if not source_acls:
             # librdkafka reports "no authorizer" as an empty answer; ask the broker once.
@@ -477,7 +277,7 @@ class SyncPart(FlowPart):
                 self._log_no_target_authorizer()
                 return
             raise SyncError(
-                f"cannot list the topic ACLs of cluster {flow.target}: {_reason(exc)}"
+                f"cannot list the topic ACLs of cluster {flow.target}: {error_text(exc)}"
             ) from None
         self._create_acls(missing_acls(wanted, existing))
 
@@ -502,7 +302,7 @@ class SyncPart(FlowPart):
                     flow.name,
                     acl,
                     flow.target,
-                    _reason(exc),
+                    error_text(exc),
                 )
                 continue
             log.info("flow %s: synced ACL to %s: %s", flow.name, flow.target, acl)
@@ -531,12 +331,6 @@ class SyncPart(FlowPart):
                 self.flow.source,
                 self.flow.name,
             )
-
-
-def _reason(exc: Exception) -> str:
-    """The message of a KafkaException (its KafkaError's text) or of any other error."""
-    first = exc.args[0] if exc.args else exc
-    return str(first.str()) if isinstance(first, KafkaError) else str(first)
 
 
 def _code(exc: KafkaException) -> int | None:

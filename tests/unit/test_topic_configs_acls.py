@@ -6,21 +6,19 @@ from pathlib import Path
 
 import pytest
 
-from mm2py.config import ConfigError, load_config
-from mm2py.config.loops import candidate_topics
-from mm2py.config.models import DEFAULT_CONFIG_PROPERTIES_EXCLUDE
-from mm2py.daemon.parts.sync import (
+from mm2py.compat.acls import TopicAcl, missing_acls, target_acls
+from mm2py.compat.topic_configs import (
     SOURCE_DEFAULT,
     SOURCE_STATIC_BROKER,
     SOURCE_TOPIC,
     ConfigPropertyFilter,
     ConfigValue,
-    TopicAcl,
     config_changes,
     creation_configs,
-    missing_acls,
-    target_acls,
 )
+from mm2py.config import ConfigError, load_config
+from mm2py.config.loops import candidate_topics
+from mm2py.config.models import DEFAULT_CONFIG_PROPERTIES_EXCLUDE
 
 DYNAMIC_DEFAULT_BROKER = 3
 MM2_FILTER = ConfigPropertyFilter(DEFAULT_CONFIG_PROPERTIES_EXCLUDE)
