@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mm2py.dev import mirrormaker
-
 from mm2py.dev.launcher import LocalCluster
 
 
