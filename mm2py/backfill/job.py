@@ -47,6 +47,7 @@ from mm2py.compat.flow import FlowRules
 from mm2py.compat.topic_configs import ConfigPropertyFilter
 from mm2py.config import ClusterConfig, FlowConfig, MirrorConfig
 from mm2py.daemon.parts.source import OFFSET_SYNCS_TOPIC_CONFIG
+from mm2py.errors import Mm2pyError
 from mm2py.kafka import clients
 from mm2py.kafka.configs import remote_topic_configs
 from mm2py.kafka.topics import (
@@ -68,7 +69,7 @@ PROGRESS_WRITE_TIMEOUT = 30.0
 SPARK_LOG_CONFIG = Path(__file__).with_name("log4j2-spark.properties")
 
 
-class BackfillError(RuntimeError):
+class BackfillError(Mm2pyError):
     """The backfill could not run or a range failed; one line that says why."""
 
 

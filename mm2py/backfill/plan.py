@@ -28,12 +28,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import pairwise
 
+from mm2py.errors import UsageError
+
 SourcePartition = tuple[str, int]
 
 DEFAULT_RANGE_RECORDS = 1_000_000
 
 
-class TimeBoundError(ValueError):
+class TimeBoundError(UsageError, ValueError):
     """A --from/--until value that is not a keyword, an ISO-8601 time or epoch milliseconds."""
 
 

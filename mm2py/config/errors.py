@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mm2py.errors import UsageError
 
-class ConfigError(Exception):
+
+class ConfigError(UsageError):
     """A configuration problem, rendered as one line: ``<file>: <key>: <problem>``.
 
     ``key`` is the MM2 key as the user wrote it (``A->B.topics``, ``A.bootstrap.servers``,

@@ -36,6 +36,7 @@ from mm2py.daemon.status import (
     flow_state,
     health,
 )
+from mm2py.errors import Mm2pyError
 from mm2py.kafka import clients
 
 log = logging.getLogger(__name__)
@@ -45,11 +46,11 @@ MAX_BACKOFF = 60.0
 STOP_TIMEOUT = 9.0
 
 
-class ListenError(RuntimeError):
+class ListenError(Mm2pyError):
     """The daemon's HTTP address cannot be bound."""
 
 
-class ClusterAccessError(RuntimeError):
+class ClusterAccessError(Mm2pyError):
     """A cluster refuses the configured credentials or certificate; retrying cannot help."""
 
 

@@ -13,13 +13,15 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from mm2py.errors import Mm2pyError
+
 log = logging.getLogger(__name__)
 
 POM = Path(__file__).with_name("pom.xml")
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 
-class JarFetchError(RuntimeError):
+class JarFetchError(Mm2pyError):
     """Maven could not provide the Kafka jars."""
 
 

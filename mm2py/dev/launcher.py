@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mm2py.dev.jars import cache_root, java_command
+from mm2py.errors import Mm2pyError
 from mm2py.kafka.clients import describe_cluster
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ SCRAM_USERS = ("admin", "alice", "bob")
 STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 
 
-class LocalClusterError(RuntimeError):
+class LocalClusterError(Mm2pyError):
     """A local cluster could not be started, stopped or found."""
 
 

@@ -34,6 +34,7 @@ from mm2py.daemon.parts.checkpoint import (
     load_checkpoints,
     read_offset_syncs,
 )
+from mm2py.errors import UsageError
 from mm2py.kafka import clients
 
 Status = Literal["ok", "stale", "untranslated"]
@@ -349,7 +350,7 @@ def format_json(report: Report) -> str:
 # ---------------------------------------------------------------- cluster I/O
 
 
-class ApplyRefused(RuntimeError):
+class ApplyRefused(UsageError):
     """--apply would change the offsets of a group that has members on the target."""
 
 

@@ -22,6 +22,7 @@ from mm2py.compat.flow import FlowRules
 from mm2py.compat.offsets import OffsetSyncStore
 from mm2py.config import FlowConfig, MirrorConfig
 from mm2py.daemon.parts.checkpoint import read_offset_syncs
+from mm2py.errors import Mm2pyError
 from mm2py.kafka import clients
 from mm2py.kafka.topics import partition_counts
 from mm2py.tools.digest import (
@@ -47,7 +48,7 @@ READER_SETTINGS: dict[str, Any] = {
 Progress = Callable[[int], None]
 
 
-class VerifyError(RuntimeError):
+class VerifyError(Mm2pyError):
     """Reading a cluster failed (the message names the cluster and partition)."""
 
 
