@@ -1,0 +1,52 @@
+"""`mm2py run`: the daemon, replicating every enabled flow of a config until stopped."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from pathlib import Path
+
+from mm2py.cli.arguments import Subparsers, aliases
+from mm2py.errors import EXIT_OK
+
+
+def run(args: argparse.Namespace) -> int:
+    from mm2py.config import ConfigError, load_config
+    from mm2py.daemon.supervisor import Daemon, select_flows, select_heartbeat_flows
+
+    config = load_config(args.config)
+    for alias in args.clusters or []:
+        if alias not in config.clusters:
+            known = ", ".join(config.clusters)
+            raise ConfigError(
+                args.config, "--clusters", f"unknown cluster {alias!r}; known: {known}"
+            )
+    flows = select_flows(config, args.clusters)
+    if not flows:
+        raise ConfigError(args.config, None, "no enabled flow (set A->B.enabled = true)")
+    daemon = Daemon(config, flows, args.listen, select_heartbeat_flows(config, args.clusters))
+    signal.signal(signal.SIGTERM, daemon.request_stop)
+    signal.signal(signal.SIGINT, daemon.request_stop)
+    daemon.run()
+    return EXIT_OK
+
+
+def add_parser(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "run",
+        help="replicate every enabled flow of an MM2 config (the daemon)",
+        description="Run the replicator on a mm2.properties or YAML config until SIGTERM/SIGINT.",
+    )
+    p.add_argument("config", type=Path, help="mm2.properties (MM2 format) or .yaml/.yml")
+    p.add_argument(
+        "--clusters",
+        type=aliases,
+        default=None,
+        help="only run flows whose target is one of these aliases (as MM2's --clusters)",
+    )
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:8083",
+        help="address of the REST API and /metrics (default 127.0.0.1:8083)",
+    )
+    p.set_defaults(func=run)
