@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
+from mm2py.compat.java_regex import PatternError, compile_java
+
 __all__ = [
     "DEFAULT_GROUPS_EXCLUDE",
     "DEFAULT_GROUPS_INCLUDE",
@@ -22,6 +24,7 @@ __all__ = [
     "TOPICS_EXCLUDE_DEFAULT",
     "TOPICS_INCLUDE_DEFAULT",
     "GroupFilter",
+    "PatternError",
     "TopicFilter",
     "compile_pattern_list",
     "parse_list",
@@ -58,64 +61,30 @@ def parse_list(value: str) -> list[str]:
     return _COMMA_WITH_WHITESPACE.split(trimmed)
 
 
-def _java_regex_to_python(pattern: str) -> str:
-    """Rewrite the Java-only regex syntax that Python's ``re`` spells differently.
-
-    Handles ``\\Q...\\E`` quoting, named groups ``(?<name>...)``, back-references
-    ``\\k<name>`` and the anchors ``\\z``/``\\Z``; everything else is passed on.
-    """
-    out: list[str] = []
-    i, n = 0, len(pattern)
-    while i < n:
-        ch = pattern[i]
-        if ch == "\\" and i + 1 < n:
-            nxt = pattern[i + 1]
-            if nxt == "Q":
-                end = pattern.find("\\E", i + 2)
-                literal = pattern[i + 2 :] if end < 0 else pattern[i + 2 : end]
-                out.append(re.escape(literal))
-                i = n if end < 0 else end + 2
-                continue
-            if nxt == "k" and pattern.startswith("<", i + 2):
-                close = pattern.find(">", i + 3)
-                if close > 0:
-                    out.append(f"(?P={pattern[i + 3 : close]})")
-                    i = close + 1
-                    continue
-            if nxt == "z":
-                out.append(r"\Z")
-            elif nxt == "Z":
-                out.append(r"(?=\n?\Z)")
-            else:
-                out.append(pattern[i : i + 2])
-            i += 2
-            continue
-        if pattern.startswith("(?<", i) and i + 3 < n and pattern[i + 3] not in "=!":
-            out.append("(?P<")
-            i += 3
-            continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
-
-
 def compile_pattern_list(patterns: Iterable[str]) -> re.Pattern[str] | None:
     """Join Java regexes with ``|`` and compile them as MM2 does; None if empty.
 
-    Compiled with ``re.ASCII`` because Java's ``\\w``, ``\\d``, ``\\s`` and
-    ``(?i)`` are ASCII-only by default. Raises ValueError naming the pattern if
-    it is not a regex that Python can run.
+    The joined regex is what MM2 compiles, so ``(orders,payments)`` (split by the
+    list, joined again) works as in MM2. Java's syntax is translated by
+    :mod:`mm2py.compat.java_regex` and compiled with ``re.ASCII``, because Java's
+    ``\\w``, ``\\d``, ``\\s`` and ``(?i)`` are ASCII-only by default. Raises
+    PatternError (a ValueError) naming the pattern at fault when Java would refuse
+    the list or mm2py cannot translate it.
     """
     items = list(patterns)
     if not items:
         # The empty regex would match everything; MM2 treats an empty list as
         # matching nothing.
         return None
-    joined = "|".join(items)
     try:
-        return re.compile(_java_regex_to_python(joined), re.ASCII)
-    except re.error as err:
-        raise ValueError(f"invalid regex list {items!r}: {err}") from None
+        return compile_java("|".join(items))
+    except PatternError:
+        if len(items) == 1:
+            raise
+        # Name the one pattern at fault when there is one, else the list as MM2 joins it.
+        for item in items:
+            compile_java(item)
+        raise
 
 
 class _IncludeExcludeFilter:

@@ -22,6 +22,7 @@ from pydantic import (
     field_validator,
 )
 
+from mm2py.compat.filters import compile_pattern_list
 from mm2py.config.errors import ConfigError
 
 ClientRole = Literal["consumer", "producer", "admin"]
@@ -77,11 +78,8 @@ def parse_list(value: object) -> list[str]:
 
 
 def _compile_all(patterns: list[str]) -> list[str]:
-    for pattern in patterns:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+    # MM2 compiles the list joined with '|' as one Java regex; so does the filter later.
+    compile_pattern_list(patterns)  # PatternError (a ValueError) names the bad part
     return patterns
 
 
