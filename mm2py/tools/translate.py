@@ -19,23 +19,21 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal
 
-from confluent_kafka import KafkaException
-
 from mm2py.compat.flow import FlowRules
 from mm2py.compat.formats import Checkpoint
 from mm2py.compat.offsets import OffsetSyncStore
 from mm2py.compat.policy import ReplicationPolicy, checkpoint_topic
 from mm2py.config import ConfigError, FlowConfig, MirrorConfig
 from mm2py.config.models import FlowSettings
-from mm2py.daemon.parts.checkpoint import (
+from mm2py.kafka import clients
+from mm2py.kafka.groups import (
+    CommittedOffset,
     commit_group_offsets,
     describe_groups,
     list_group_offsets,
-    load_checkpoints,
-    read_offset_syncs,
 )
-from mm2py.errors import UsageError
-from mm2py.kafka import clients
+from mm2py.kafka.internal_topics import load_checkpoints, read_offset_syncs
+from mm2py.kafka.reader import ReaderError
 
 Status = Literal["ok", "stale", "untranslated"]
 
@@ -350,7 +348,7 @@ def format_json(report: Report) -> str:
 # ---------------------------------------------------------------- cluster I/O
 
 
-class ApplyRefused(UsageError):
+class ApplyRefused(RuntimeError):
     """--apply would change the offsets of a group that has members on the target."""
 
 
@@ -363,20 +361,19 @@ def gather(
 ) -> Report:
     """Read the checkpoints (and the source, if it answers) and build the report.
 
-    Raises KafkaException when the target cannot be read.
+    Raises ReaderError when the checkpoints cannot be read (ReaderTimeout, a
+    TimeoutError, when that takes too long).
     """
     rules = FlowRules(flow)
     target = config.cluster(flow.target)
     cp_topic = rules.policy.checkpoints_topic(flow.source)
-    target_props = target.librdkafka("consumer")
-    exists = _topic_exists(target_props, cp_topic)
-    checkpoints = {
-        (cp.topic, cp.partition): (cp, ts)
-        for (g, _t, _p), (cp, ts) in load_checkpoints(
-            target_props, flow.target, cp_topic, keep=lambda cp: cp.consumer_group_id == group
-        ).items()
-        if g == group
-    }
+    loaded = load_checkpoints(
+        target.librdkafka("consumer"),
+        flow.target,
+        cp_topic,
+        keep=lambda cp: cp.consumer_group_id == group,
+    )
+    checkpoints = {(cp.topic, cp.partition): (cp, ts) for (cp, ts) in (loaded or {}).values()}
     view, problem = _read_source(config, rules, group)
     return build_report(
         rules,
@@ -386,17 +383,8 @@ def gather(
         view,
         problem,
         topics,
-        exists,
+        loaded is not None,
     )
-
-
-def _topic_exists(props: Mapping[str, str], topic: str) -> bool:
-    consumer = clients.consumer(props)
-    try:
-        meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
-        return meta is not None and meta.error is None
-    finally:
-        consumer.close()
 
 
 def _read_source(
@@ -422,8 +410,8 @@ def _read_source(
             )
             if syncs is None:
                 syncs_problem = f"{rules.offset_syncs_topic} does not exist on {holder.alias}"
-        except (KafkaException, TimeoutError) as exc:
-            syncs_problem = f"reading {rules.offset_syncs_topic} on {holder.alias}: {exc}"
+        except ReaderError as exc:
+            syncs_problem = str(exc)
     return SourceView(committed, syncs, syncs_problem), None
 
 
@@ -447,18 +435,11 @@ def apply_offsets(config: MirrorConfig, report: Report) -> int:
             f"(state {activity.state}); stop its consumers there first: --apply only sets the "
             "offsets of a group without members"
         )
-    offsets = [
-        Checkpoint(
-            report.group,
-            row.topic,
-            row.partition,
-            row.upstream_offset or 0,
-            row.downstream_offset,
-            row.metadata or "",
-        )
+    offsets = {
+        (row.topic, row.partition): CommittedOffset(row.downstream_offset, row.metadata or "")
         for row in report.rows
         if row.downstream_offset is not None
-    ]
+    }
     commit_group_offsets(admin, report.group, offsets)
     report.applied = len(offsets)
     return len(offsets)

@@ -16,14 +16,14 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 
 from mm2py.compat.flow import FlowRules
 from mm2py.compat.offsets import OffsetSyncStore
 from mm2py.config import FlowConfig, MirrorConfig
-from mm2py.daemon.parts.checkpoint import read_offset_syncs
-from mm2py.errors import Mm2pyError
 from mm2py.kafka import clients
+from mm2py.kafka.internal_topics import read_offset_syncs
+from mm2py.kafka.reader import ReaderError, TopicReader
 from mm2py.kafka.topics import partition_counts
 from mm2py.tools.digest import (
     PartitionComparison,
@@ -38,17 +38,14 @@ POLL_TIMEOUT = 0.5
 STALL_TIMEOUT = 30.0  # no record and no end of partition for this long: give up
 PROGRESS_MIN_RECORDS = 50_000  # smaller runs finish before a bar would help
 
-READER_SETTINGS: dict[str, Any] = {
-    "isolation.level": "read_committed",
-    "enable.partition.eof": True,
-    "enable.auto.commit": False,
-    "auto.offset.reset": "earliest",
-}
+WATERMARK_TIMEOUT = 10.0
+# The source is read as the source part reads it: aborted records are not copied.
+READER_SETTINGS: dict[str, Any] = {"isolation.level": "read_committed"}
 
 Progress = Callable[[int], None]
 
 
-class VerifyError(Mm2pyError):
+class VerifyError(RuntimeError):
     """Reading a cluster failed (the message names the cluster and partition)."""
 
 
@@ -74,60 +71,56 @@ def select_topics(
 
 
 class _Side:
-    """A consumer reading one partition from a start offset up to an end snapshot."""
+    """One cluster's reader, reading one partition from a start offset up to an end snapshot."""
 
-    def __init__(self, consumer: Consumer, cluster: str, topic: str, partition: int) -> None:
-        self.consumer = consumer
+    def __init__(self, reader: TopicReader, cluster: str, topic: str, partition: int) -> None:
+        self.reader = reader
         self.cluster = cluster
         self.topic = topic
         self.partition = partition
         self.end = 0
-        self.done = False
         self.last_seen = time.monotonic()
 
+    @property
+    def done(self) -> bool:
+        return self.reader.at_end
+
     def watermarks(self) -> tuple[int, int]:
-        tp = TopicPartition(self.topic, self.partition)
-        low, high = self.consumer.get_watermark_offsets(tp, timeout=10, cached=False)
-        return int(low), int(high)
+        try:
+            return self.reader.watermarks(self.topic, self.partition, WATERMARK_TIMEOUT)
+        except ReaderError as exc:
+            raise VerifyError(str(exc)) from None
 
     def start(self, offset: int, end: int) -> None:
+        key = (self.topic, self.partition)
+        self.reader.clear()
+        self.reader.add({key: offset}, {key: end})
         self.end = end
-        self.done = offset >= end
-        self.consumer.assign([TopicPartition(self.topic, self.partition, offset)])
         self.last_seen = time.monotonic()
 
     def read(self, add: Callable[[int, bytes], None]) -> int:
         """Feed the next batch to `add`; returns how many records were read."""
-        count = 0
-        # Typed as Any: records here are complete (offset, timestamp), not Optional.
-        msgs: list[Any] = self.consumer.consume(BATCH, POLL_TIMEOUT)
-        for msg in msgs:
-            if msg.topic() != self.topic or msg.partition() != self.partition:
-                continue  # left over from the partition read before
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    self.done = True
-                    break
-                raise VerifyError(
-                    f"reading {self.topic}-{self.partition} on cluster {self.cluster}: {err.str()}"
-                )
-            offset = msg.offset()
-            if offset >= self.end:  # written after the snapshot
-                self.done = True
-                break
-            add(offset, record_digest(msg.key(), msg.value(), msg.headers(), msg.timestamp()[1]))
-            count += 1
-            if offset >= self.end - 1:
-                self.done = True
-                break
+
+        # Typed as Any: records here are complete (offset, headers as a list), not Optional.
+        def on_record(msg: Any) -> None:
+            add(
+                msg.offset(),
+                record_digest(msg.key(), msg.value(), msg.headers(), msg.timestamp()[1]),
+            )
+
+        try:
+            count = self.reader.read(on_record, POLL_TIMEOUT, max_records=BATCH)
+        except ReaderError as exc:
+            raise VerifyError(str(exc)) from None
         now = time.monotonic()
         if count:
             self.last_seen = now
         elif not self.done and now - self.last_seen > STALL_TIMEOUT:
+            last = self.reader.last_error
             raise VerifyError(
                 f"reading {self.topic}-{self.partition} on cluster {self.cluster}: nothing "
                 f"arrived for {STALL_TIMEOUT:.0f}s before its end offset {self.end}"
+                + (f" (last error: {last.str()})" if last is not None else "")
             )
         return count
 
@@ -152,8 +145,8 @@ class Verifier:
         except KafkaException as exc:
             raise VerifyError(f"listing topics failed: {exc}") from None
         results: list[PartitionResult] = []
-        src = clients.consumer(self.source.librdkafka("consumer"), READER_SETTINGS)
-        tgt = clients.consumer(self.target.librdkafka("consumer"), READER_SETTINGS)
+        src = self._reader(self.source.librdkafka("consumer"), self.flow.source)
+        tgt = self._reader(self.target.librdkafka("consumer"), self.flow.target)
         try:
             for topic in select_topics(self.rules, source_topics, pattern):
                 remote = self.rules.remote_topic(topic)
@@ -182,12 +175,19 @@ class Verifier:
             tgt.close()
         return VerifyReport(self.flow.name, results)
 
+    @staticmethod
+    def _reader(props: dict[str, str], cluster_alias: str) -> TopicReader:
+        return TopicReader(props, cluster_alias, READER_SETTINGS, stop_at_end=True)
+
     def _offset_syncs(self) -> OffsetSyncStore | None:
         if not self._syncs_read:
             cluster = self.source if self.rules.offset_syncs_on_source else self.target
-            self._syncs = read_offset_syncs(
-                cluster.librdkafka("consumer"), cluster.alias, self.rules.offset_syncs_topic
-            )
+            try:
+                self._syncs = read_offset_syncs(
+                    cluster.librdkafka("consumer"), cluster.alias, self.rules.offset_syncs_topic
+                )
+            except ReaderError as exc:
+                raise VerifyError(str(exc)) from None
             self._syncs_read = True
         return self._syncs
 
@@ -223,18 +223,17 @@ class Verifier:
 
     def estimate(self, pattern: str | None = None) -> int:
         """Roughly how many records `run` reads (both sides), for a progress bar."""
-        consumer = clients.consumer(self.source.librdkafka("consumer"))
         admin = clients.admin_client(self.source.librdkafka("admin"))
         total = 0
-        try:
+        with self._reader(self.source.librdkafka("consumer"), self.flow.source) as reader:
             topics = partition_counts(admin)
             for topic in select_topics(self.rules, topics, pattern):
                 for partition in range(topics[topic]):
-                    tp = TopicPartition(topic, partition)
-                    low, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+                    try:
+                        low, high = reader.watermarks(topic, partition, WATERMARK_TIMEOUT)
+                    except ReaderError as exc:
+                        raise VerifyError(str(exc)) from None
                     total += 2 * max(high - low, 0)
-        finally:
-            consumer.close()
         return total
 
 

@@ -42,64 +42,42 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    ConsumerGroupState,
-    ConsumerGroupTopicPartitions,
-    KafkaError,
-    KafkaException,
-    Message,
-    TopicPartition,
-)
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from mm2py.compat.filters import should_checkpoint_group
 from mm2py.compat.flow import FlowRules
-from mm2py.compat.formats import Checkpoint, OffsetSync, is_contiguous_sync
+from mm2py.compat.formats import Checkpoint
 from mm2py.compat.offsets import OffsetSyncStore, Translation
 from mm2py.compat.policy import checkpoint_topic
 from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.daemon.metrics import Metrics
 from mm2py.daemon.part import FlowPart
 from mm2py.kafka import clients
+from mm2py.kafka.groups import (
+    ADMIN_TIMEOUT,
+    CommittedOffset,
+    GroupOffsets,
+    commit_group_offsets,
+    describe_groups,
+    list_group_offsets,
+    list_groups,
+)
+from mm2py.kafka.internal_topics import OffsetSyncTail, load_checkpoints
 from mm2py.kafka.topics import ensure_internal_topic
 
 log = logging.getLogger(__name__)
 
-ADMIN_TIMEOUT = 10.0
 POLL_TIMEOUT = 0.2
-READ_TIMEOUT = 60.0
 # How often to look again for an offset-syncs topic that does not exist yet.
 SYNCS_RETRY_INTERVAL = 2.0
 
-INTERNAL_TOPIC_CONSUMER: dict[str, Any] = {
-    "enable.partition.eof": True,
-    "auto.offset.reset": "earliest",
-    "fetch.wait.max.ms": 100,
-}
 CHECKPOINT_PRODUCER: dict[str, Any] = {"acks": "all", "linger.ms": 5}
-# The group states in which a group has no members (DEAD: unknown to the cluster).
-IDLE_GROUP_STATES = frozenset({ConsumerGroupState.EMPTY, ConsumerGroupState.DEAD})
 
 
 # ------------------------------------------------------------------ pure logic
-
-
-@dataclass(frozen=True, slots=True)
-class CommittedOffset:
-    """A group's committed position in one source partition."""
-
-    offset: int
-    metadata: str = ""
-
-
-GroupOffsets = Mapping[tuple[str, int], CommittedOffset]
 
 
 class CheckpointStore:
@@ -172,213 +150,6 @@ def offsets_to_sync(
     }
 
 
-# ------------------------------------------------------ reading internal topics
-
-
-class TopicTail:
-    """Reads partition 0 of one of MM2's internal topics from its start, then follows it."""
-
-    def __init__(self, props: Mapping[str, str], cluster_alias: str, topic: str) -> None:
-        self.cluster_alias = cluster_alias
-        self.topic = topic
-        self._consumer: Consumer = clients.consumer(props, INTERNAL_TOPIC_CONSUMER)
-        self._assigned = False
-
-    def exists(self, timeout: float = ADMIN_TIMEOUT) -> bool:
-        meta = self._consumer.list_topics(self.topic, timeout=timeout).topics.get(self.topic)
-        return meta is not None and meta.error is None and 0 in meta.partitions
-
-    def read_to_end(
-        self,
-        on_record: Callable[[Message], None],
-        stopping: Callable[[], bool] = lambda: False,
-        timeout: float = READ_TIMEOUT,
-    ) -> None:
-        """Read every record up to the end offset the topic has now."""
-        tp = TopicPartition(self.topic, 0)
-        _low, high = self._consumer.get_watermark_offsets(tp, timeout=ADMIN_TIMEOUT)
-        self._assign()
-        position = self._consumer.position([tp])[0].offset
-        deadline = time.monotonic() + timeout
-        while position < high and not stopping():
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"reading {self.topic} on cluster {self.cluster_alias} to its end "
-                    f"(offset {high}) took over {timeout:.0f}s; stopped at {position}"
-                )
-            for msg in self._consumer.consume(1000, POLL_TIMEOUT):
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        position = max(position, msg.offset() or 0, high)
-                        continue
-                    raise KafkaException(err)
-                on_record(msg)
-                position = max(position, (msg.offset() or 0) + 1)
-
-    def poll(self, on_record: Callable[[Message], None], timeout: float = POLL_TIMEOUT) -> int:
-        """Hand over what arrived since the last call (waiting up to `timeout`)."""
-        self._assign()
-        count = 0
-        for msg in self._consumer.consume(1000, timeout):
-            err = msg.error()
-            if err is None:
-                on_record(msg)
-                count += 1
-            elif err.code() != KafkaError._PARTITION_EOF:
-                raise KafkaException(err)
-        return count
-
-    def close(self) -> None:
-        self._consumer.close()
-
-    def _assign(self) -> None:
-        if not self._assigned:
-            self._consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
-            self._assigned = True
-
-
-def load_checkpoints(
-    props: Mapping[str, str],
-    cluster_alias: str,
-    topic: str,
-    keep: Callable[[Checkpoint], bool] = lambda _cp: True,
-    stopping: Callable[[], bool] = lambda: False,
-) -> dict[tuple[str, str, int], tuple[Checkpoint, int]]:
-    """The latest (checkpoint, record timestamp in ms) per (group, topic, partition).
-
-    Empty when the topic does not exist. Malformed records are skipped with a
-    warning, as MM2 does.
-    """
-    found: dict[tuple[str, str, int], tuple[Checkpoint, int]] = {}
-
-    def on_record(msg: Message) -> None:
-        try:
-            cp = Checkpoint.decode(msg.key(), msg.value())
-        except ValueError as exc:
-            log.warning("skipping %s offset %s on %s: %s", topic, msg.offset(), cluster_alias, exc)
-            return
-        if keep(cp):
-            found[(cp.consumer_group_id, cp.topic, cp.partition)] = (cp, msg.timestamp()[1])
-
-    tail = TopicTail(props, cluster_alias, topic)
-    try:
-        if tail.exists():
-            tail.read_to_end(on_record, stopping)
-    finally:
-        tail.close()
-    return found
-
-
-def read_offset_syncs(
-    props: Mapping[str, str], cluster_alias: str, topic: str
-) -> OffsetSyncStore | None:
-    """Every offset sync of `topic` in a store, or None when the topic does not exist."""
-    store = OffsetSyncStore()
-    tail = TopicTail(props, cluster_alias, topic)
-    try:
-        if not tail.exists():
-            return None
-        tail.read_to_end(lambda msg: _add_sync(store, msg))
-    finally:
-        tail.close()
-    return store
-
-
-def _add_sync(store: OffsetSyncStore, msg: Message) -> None:
-    try:
-        store.add(
-            OffsetSync.decode(msg.key(), msg.value()),
-            msg.offset(),
-            contiguous=is_contiguous_sync(msg.headers()),
-        )
-    except ValueError as exc:
-        log.warning("skipping offset sync at offset %s: %s", msg.offset(), exc)
-
-
-# ------------------------------------------------------------- group admin
-
-
-def list_group_offsets(
-    admin: AdminClient, groups: Iterable[str], cluster_alias: str
-) -> dict[str, dict[tuple[str, int], CommittedOffset]]:
-    """Committed offsets of each group (one request per group, all in flight at once).
-
-    A group whose offsets cannot be read is logged and left out.
-    """
-    futures: dict[str, Future[Any]] = {}
-    for group in groups:
-        request = [ConsumerGroupTopicPartitions(group)]
-        futures.update(admin.list_consumer_group_offsets(request, request_timeout=ADMIN_TIMEOUT))
-    out: dict[str, dict[tuple[str, int], CommittedOffset]] = {}
-    for group, future in futures.items():
-        try:
-            result = future.result(timeout=ADMIN_TIMEOUT + 5)
-        except (KafkaException, TimeoutError) as exc:
-            log.error("reading offsets of group %s on cluster %s: %s", group, cluster_alias, exc)
-            continue
-        out[group] = {
-            (tp.topic, tp.partition): CommittedOffset(tp.offset, tp.metadata or "")
-            for tp in result.topic_partitions or []
-            if tp.error is None and tp.offset >= 0
-        }
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class GroupActivity:
-    """Whether a group has members on a cluster."""
-
-    state: str
-    members: int
-
-    @property
-    def idle(self) -> bool:
-        return self.members == 0
-
-
-def describe_groups(
-    admin: AdminClient, groups: Iterable[str], cluster_alias: str
-) -> dict[str, GroupActivity]:
-    """State and member count of each group; groups that cannot be described are left out."""
-    wanted = list(groups)
-    if not wanted:
-        return {}
-    out: dict[str, GroupActivity] = {}
-    futures = admin.describe_consumer_groups(wanted, request_timeout=ADMIN_TIMEOUT)
-    for group, future in futures.items():
-        try:
-            desc = future.result(timeout=ADMIN_TIMEOUT + 5)
-        except (KafkaException, TimeoutError) as exc:
-            log.error("describing group %s on cluster %s: %s", group, cluster_alias, exc)
-            continue
-        members = len(desc.members or [])
-        if desc.state not in IDLE_GROUP_STATES:
-            members = max(members, 1)  # rebalancing: treat as active
-        out[group] = GroupActivity(desc.state.name, members)
-    return out
-
-
-def commit_group_offsets(admin: AdminClient, group: str, checkpoints: Iterable[Checkpoint]) -> None:
-    """Set `group`'s offsets to the checkpoints' target offsets (raises KafkaException)."""
-    partitions = [_topic_partition(cp) for cp in checkpoints]
-    if not partitions:
-        return
-    request = [ConsumerGroupTopicPartitions(group, partitions)]
-    result = admin.alter_consumer_group_offsets(request, request_timeout=ADMIN_TIMEOUT)[group]
-    done = result.result(timeout=ADMIN_TIMEOUT + 5)
-    failed = [tp for tp in done.topic_partitions or [] if tp.error is not None]
-    if failed:
-        raise KafkaException(failed[0].error)
-
-
-def _topic_partition(cp: Checkpoint) -> TopicPartition:
-    # TopicPartition takes no None for metadata: leave it out when there is none.
-    if cp.metadata:
-        return TopicPartition(cp.topic, cp.partition, cp.downstream_offset, cp.metadata)
-    return TopicPartition(cp.topic, cp.partition, cp.downstream_offset)
-
-
 # -------------------------------------------------------------------- the part
 
 
@@ -417,21 +188,22 @@ class CheckpointPart(FlowPart):
             s.checkpoints_topic_replication_factor,
         )
         self.store = CheckpointStore()
-        for cp, _ts in load_checkpoints(
+        loaded = load_checkpoints(
             self.target.librdkafka("consumer"),
             flow.target,
             self.checkpoints_topic,
             stopping=self.stopping.is_set,
-        ).values():
+        )
+        for cp, _ts in (loaded or {}).values():
             self.store.add(cp)
-        self.syncs = OffsetSyncStore()
         self._syncs_ready = False
         self._told_no_syncs = False
         syncs_cluster = self.source if self.rules.offset_syncs_on_source else self.target
         self._producer = clients.producer(self.target.librdkafka("producer"), CHECKPOINT_PRODUCER)
-        self._sync_tail = TopicTail(
+        self._sync_tail = OffsetSyncTail(
             syncs_cluster.librdkafka("consumer"), syncs_cluster.alias, self.rules.offset_syncs_topic
         )
+        self.syncs: OffsetSyncStore = self._sync_tail.store
         try:
             self._loop()
         finally:
@@ -463,28 +235,22 @@ class CheckpointPart(FlowPart):
                 self._sync_group_offsets()
                 next_group_sync = now + sync_every
             if self._syncs_ready:
-                self._sync_tail.poll(self._on_sync, POLL_TIMEOUT)
+                self._sync_tail.poll(POLL_TIMEOUT)
             else:
                 self.stopping.wait(POLL_TIMEOUT)
 
     def _open_syncs(self) -> None:
         """Read the offset syncs to their end once; until then nothing is translated."""
         tail = self._sync_tail
-        if not tail.exists():
-            if not self._told_no_syncs:
-                log.info(
-                    "flow %s: no offset syncs yet (%s on %s); checkpoints wait for them",
-                    self.flow.name,
-                    tail.topic,
-                    tail.cluster_alias,
-                )
-                self._told_no_syncs = True
-            return
-        tail.read_to_end(self._on_sync, self.stopping.is_set)
-        self._syncs_ready = not self.stopping.is_set()
-
-    def _on_sync(self, msg: Message) -> None:
-        _add_sync(self.syncs, msg)
+        self._syncs_ready = tail.open(self.stopping.is_set)
+        if not self._syncs_ready and not self.stopping.is_set() and not self._told_no_syncs:
+            log.info(
+                "flow %s: no offset syncs yet (%s on %s); checkpoints wait for them",
+                self.flow.name,
+                tail.topic,
+                tail.cluster_alias,
+            )
+            self._told_no_syncs = True
 
     # -- groups ----------------------------------------------------------------
 
@@ -492,17 +258,11 @@ class CheckpointPart(FlowPart):
         """Groups passing the group filter with offsets on a topic passing the topic filter."""
         rules, flow = self.rules, self.flow
         try:
-            listed = self._source_admin.list_consumer_groups(request_timeout=ADMIN_TIMEOUT).result(
-                timeout=ADMIN_TIMEOUT + 5
-            )
+            listed = list_groups(self._source_admin)
         except (KafkaException, TimeoutError) as exc:
             log.warning("flow %s: listing groups on %s failed: %s", flow.name, flow.source, exc)
             return self.groups
-        names = [
-            g.group_id
-            for g in listed.valid
-            if rules.group_filter.should_replicate_group(g.group_id)
-        ]
+        names = [g for g in listed if rules.group_filter.should_replicate_group(g)]
         offsets = list_group_offsets(self._source_admin, names, flow.source)
         found = {
             group
@@ -602,7 +362,7 @@ class CheckpointPart(FlowPart):
             if not wanted:
                 continue
             try:
-                commit_group_offsets(self._target_admin, group, wanted.values())
+                commit_group_offsets(self._target_admin, group, _committed(wanted))
             except (KafkaException, TimeoutError) as exc:
                 # A consumer joined since the group was described: its position wins.
                 log.warning(
@@ -620,3 +380,12 @@ class CheckpointPart(FlowPart):
                 group,
                 flow.target,
             )
+
+
+def _committed(
+    checkpoints: Mapping[tuple[str, int], Checkpoint],
+) -> dict[tuple[str, int], CommittedOffset]:
+    """The target offsets of checkpoints, as a group commits them."""
+    return {
+        key: CommittedOffset(cp.downstream_offset, cp.metadata) for key, cp in checkpoints.items()
+    }

@@ -11,11 +11,11 @@ from mm2py.config import FlowConfig
 from mm2py.config.models import FlowSettings
 from mm2py.daemon.parts.checkpoint import (
     CheckpointStore,
-    CommittedOffset,
     is_newer,
     offsets_to_sync,
     translate_group,
 )
+from mm2py.kafka.groups import CommittedOffset
 
 
 def _rules(**settings: Any) -> FlowRules:

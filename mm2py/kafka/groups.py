@@ -1,0 +1,144 @@
+"""Consumer-group administration on one cluster: list groups, read, describe and set offsets.
+
+Used by the checkpoint part and by translate-offsets. Reading calls log a group they
+cannot read and leave it out (one unreadable group must not stop the others);
+`commit_group_offsets` raises, since its caller decides what a refused commit means.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import (
+    ConsumerGroupState,
+    ConsumerGroupTopicPartitions,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+
+log = logging.getLogger(__name__)
+
+ADMIN_TIMEOUT = 10.0
+# Waiting for a future a little longer than its request's own timeout, so that the
+# request's error (naming the cause) arrives rather than a bare timeout.
+_RESULT_GRACE = 5.0
+# The group states in which a group has no members (DEAD: unknown to the cluster).
+IDLE_GROUP_STATES = frozenset({ConsumerGroupState.EMPTY, ConsumerGroupState.DEAD})
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedOffset:
+    """A group's committed position in one partition."""
+
+    offset: int
+    metadata: str = ""
+
+
+GroupOffsets = Mapping[tuple[str, int], CommittedOffset]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupActivity:
+    """Whether a group has members on a cluster."""
+
+    state: str
+    members: int
+
+    @property
+    def idle(self) -> bool:
+        return self.members == 0
+
+
+def list_groups(admin: AdminClient, timeout: float = ADMIN_TIMEOUT) -> list[str]:
+    """The ids of every consumer group of a cluster (raises KafkaException, TimeoutError)."""
+    listed = admin.list_consumer_groups(request_timeout=timeout).result(
+        timeout=timeout + _RESULT_GRACE
+    )
+    return [g.group_id for g in listed.valid]
+
+
+def list_group_offsets(
+    admin: AdminClient,
+    groups: Iterable[str],
+    cluster_alias: str,
+    timeout: float = ADMIN_TIMEOUT,
+) -> dict[str, dict[tuple[str, int], CommittedOffset]]:
+    """Committed offsets of each group (one request per group, all in flight at once).
+
+    A group whose offsets cannot be read is logged and left out.
+    """
+    futures: dict[str, Future[Any]] = {}
+    for group in groups:
+        request = [ConsumerGroupTopicPartitions(group)]
+        futures.update(admin.list_consumer_group_offsets(request, request_timeout=timeout))
+    out: dict[str, dict[tuple[str, int], CommittedOffset]] = {}
+    for group, future in futures.items():
+        try:
+            result = future.result(timeout=timeout + _RESULT_GRACE)
+        except (KafkaException, TimeoutError) as exc:
+            log.error("reading offsets of group %s on cluster %s: %s", group, cluster_alias, exc)
+            continue
+        out[group] = {
+            (tp.topic, tp.partition): CommittedOffset(tp.offset, tp.metadata or "")
+            for tp in result.topic_partitions or []
+            if tp.error is None and tp.offset >= 0
+        }
+    return out
+
+
+def describe_groups(
+    admin: AdminClient,
+    groups: Iterable[str],
+    cluster_alias: str,
+    timeout: float = ADMIN_TIMEOUT,
+) -> dict[str, GroupActivity]:
+    """State and member count of each group; groups that cannot be described are left out.
+
+    A group that is rebalancing counts as having members.
+    """
+    wanted = list(groups)
+    if not wanted:
+        return {}
+    out: dict[str, GroupActivity] = {}
+    futures = admin.describe_consumer_groups(wanted, request_timeout=timeout)
+    for group, future in futures.items():
+        try:
+            desc = future.result(timeout=timeout + _RESULT_GRACE)
+        except (KafkaException, TimeoutError) as exc:
+            log.error("describing group %s on cluster %s: %s", group, cluster_alias, exc)
+            continue
+        members = len(desc.members or [])
+        if desc.state not in IDLE_GROUP_STATES:
+            members = max(members, 1)  # rebalancing: treat as active
+        out[group] = GroupActivity(desc.state.name, members)
+    return out
+
+
+def commit_group_offsets(
+    admin: AdminClient,
+    group: str,
+    offsets: Mapping[tuple[str, int], CommittedOffset],
+    timeout: float = ADMIN_TIMEOUT,
+) -> None:
+    """Set `group`'s offsets of these partitions (raises KafkaException, TimeoutError)."""
+    partitions = [_topic_partition(t, p, c) for (t, p), c in sorted(offsets.items())]
+    if not partitions:
+        return
+    request = [ConsumerGroupTopicPartitions(group, partitions)]
+    result = admin.alter_consumer_group_offsets(request, request_timeout=timeout)[group]
+    done = result.result(timeout=timeout + _RESULT_GRACE)
+    failed = [tp for tp in done.topic_partitions or [] if tp.error is not None]
+    if failed:
+        raise KafkaException(failed[0].error)
+
+
+def _topic_partition(topic: str, partition: int, committed: CommittedOffset) -> TopicPartition:
+    # TopicPartition takes no None for metadata: leave it out when there is none.
+    if committed.metadata:
+        return TopicPartition(topic, partition, committed.offset, committed.metadata)
+    return TopicPartition(topic, partition, committed.offset)
