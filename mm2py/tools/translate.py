@@ -25,6 +25,7 @@ from mm2py.compat.offsets import OffsetSyncStore
 from mm2py.compat.policy import ReplicationPolicy, checkpoint_topic
 from mm2py.config import ConfigError, FlowConfig, MirrorConfig
 from mm2py.config.models import FlowSettings
+from mm2py.errors import UsageError
 from mm2py.kafka import clients
 from mm2py.kafka.groups import (
     CommittedOffset,
@@ -348,7 +349,7 @@ def format_json(report: Report) -> str:
 # ---------------------------------------------------------------- cluster I/O
 
 
-class ApplyRefused(RuntimeError):
+class ApplyRefused(UsageError):
     """--apply would change the offsets of a group that has members on the target."""
 
 

@@ -21,6 +21,7 @@ from confluent_kafka import KafkaException
 from mm2py.compat.flow import FlowRules
 from mm2py.compat.offsets import OffsetSyncStore
 from mm2py.config import FlowConfig, MirrorConfig
+from mm2py.errors import Mm2pyError
 from mm2py.kafka import clients
 from mm2py.kafka.internal_topics import read_offset_syncs
 from mm2py.kafka.reader import ReaderError, TopicReader
@@ -45,7 +46,7 @@ READER_SETTINGS: dict[str, Any] = {"isolation.level": "read_committed"}
 Progress = Callable[[int], None]
 
 
-class VerifyError(RuntimeError):
+class VerifyError(Mm2pyError):
     """Reading a cluster failed (the message names the cluster and partition)."""
 
 
