@@ -188,10 +188,13 @@ class PartitionComparison:
         )
 
 
-def align(
-    source_low: int, target_low: int, translation: Translation | None
-) -> tuple[int, int] | str:
-    """The offsets where the comparison starts on each side, or why there are none.
+class Unaligned(Exception):
+    """No offsets on the two sides are known to hold the same record: the partition
+    cannot be compared record by record (status "unaligned"); the message says why."""
+
+
+def align(source_low: int, target_low: int, translation: Translation | None) -> tuple[int, int]:
+    """The offsets where the comparison starts on each side; Unaligned if there are none.
 
     With neither side's start deleted, both sides start at their beginning. Otherwise
     the offset syncs place the first source record still present on the target
@@ -201,12 +204,12 @@ def align(
     if source_low == 0 and target_low == 0:
         return (0, 0)
     if translation is None or not translation.exact:
-        return (
+        raise Unaligned(
             f"the source starts at offset {source_low} and the target at {target_low} "
             "(retention) and no offset sync places the source's first record on the target"
         )
     if translation.downstream < target_low:
-        return (
+        raise Unaligned(
             f"the target no longer has the copy of source offset {source_low} (its records "
             f"start at {target_low}, the copy was at {translation.downstream})"
         )

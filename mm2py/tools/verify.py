@@ -29,6 +29,7 @@ from mm2py.kafka.topics import partition_counts
 from mm2py.tools.digest import (
     PartitionComparison,
     PartitionResult,
+    Unaligned,
     VerifyReport,
     align,
     record_digest,
@@ -200,10 +201,10 @@ class Verifier:
         if s_low or t_low:
             syncs = self._offset_syncs()
             translation = syncs.translation(topic, partition, s_low) if syncs else None
-        start = align(s_low, t_low, translation)
-        if isinstance(start, str):
-            return PartitionResult(topic, remote, partition, "unaligned", detail=start)
-        s_start, t_start = start
+        try:
+            s_start, t_start = align(s_low, t_low, translation)
+        except Unaligned as why:
+            return PartitionResult(topic, remote, partition, "unaligned", detail=str(why))
         source.start(s_start, s_high)
         target.start(t_start, t_high)
         cmp = PartitionComparison()

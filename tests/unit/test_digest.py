@@ -5,9 +5,12 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
+
 from mm2py.compat.offsets import Translation
 from mm2py.tools.digest import (
     PartitionComparison,
+    Unaligned,
     VerifyReport,
     align,
     format_json,
@@ -95,10 +98,12 @@ def test_a_record_produced_into_the_remote_topic_is_caught() -> None:
 def test_alignment_from_the_start_or_through_the_offset_syncs() -> None:
     assert align(0, 0, None) == (0, 0)
     assert align(40, 0, Translation(37, True)) == (40, 37)
-    assert isinstance(align(40, 0, None), str)
-    assert isinstance(align(40, 0, Translation(37, False)), str)
-    reason = align(40, 50, Translation(37, True))
-    assert isinstance(reason, str) and "no longer has" in reason
+    with pytest.raises(Unaligned, match="no offset sync places the source's first record"):
+        align(40, 0, None)
+    with pytest.raises(Unaligned, match="no offset sync places the source's first record"):
+        align(40, 0, Translation(37, False))  # an inexact translation places nothing
+    with pytest.raises(Unaligned, match="the target no longer has the copy of source offset 40"):
+        align(40, 50, Translation(37, True))
 
 
 def test_report_table_and_json() -> None:
