@@ -23,6 +23,7 @@ from typing import NoReturn
 
 from pydantic import ValidationError
 
+from mm2py.compat.filters import PatternError
 from mm2py.config.client_props import to_librdkafka
 from mm2py.config.errors import ConfigError
 from mm2py.config.loops import check_identity_loops
@@ -39,6 +40,7 @@ from mm2py.config.models import (
     parse_list,
 )
 from mm2py.config.properties import decode, parse_properties
+from mm2py.config.unsupported import EXACTLY_ONCE_KEYS, MM2_ONLY, NOT_HONOURED, exactly_once
 from mm2py.config.yaml_loader import parse_yaml
 
 log = logging.getLogger(__name__)
@@ -58,7 +60,12 @@ _JAVA_CLASSES = {
     "config.property.filter.class": "org.apache.kafka.connect.mirror.DefaultConfigPropertyFilter",
     "forwarding.admin.class": "org.apache.kafka.clients.admin.ForwardingAdmin",
 }
-_GLOBAL_KEYS = FLOW_KEYS | {"clusters", "enabled"} | _DEPRECATED.keys() | _JAVA_CLASSES.keys()
+_GLOBAL_KEYS = (
+    FLOW_KEYS
+    | {"clusters", "enabled", *EXACTLY_ONCE_KEYS}
+    | _DEPRECATED.keys()
+    | _JAVA_CLASSES.keys()
+)
 
 
 def load_config(path: str | Path) -> MirrorConfig:
@@ -131,6 +138,10 @@ class _Builder:
         self.settings: dict[str, object] = {}
         self.client_defaults: dict[str, str] = {}
         self.enabled_default: object = None
+        # Where each flow/worker key is set, as written: (shown key, value).
+        self.places: dict[str, list[tuple[str, object]]] = {}
+        # Said once per load after a successful build: (level, reason) -> shown keys.
+        self.notes: dict[tuple[int, str], list[str]] = {}
 
     def fail(self, key: str | None, message: str) -> NoReturn:
         raise ConfigError(self.path, key, message)
@@ -158,6 +169,9 @@ class _Builder:
             ],
         )
         check_identity_loops(config)
+        self.note_unused()
+        for (level, reason), shown in self.notes.items():
+            log.log(level, "%s: %s: %s", self.path, ", ".join(dict.fromkeys(shown)), reason)
         return config
 
     def cluster_aliases(self, value: object) -> list[str]:
@@ -198,6 +212,8 @@ class _Builder:
             self.set_setting(self.settings, key, key, value)
         elif key in _JAVA_CLASSES:
             self.check_class(key, key, value)
+        elif key in EXACTLY_ONCE_KEYS:
+            self.check_exactly_once(key, key, value)
         elif alias := self.alias_prefix(key):
             self.sort_cluster_key(alias, key[len(alias) + 1 :], value)
         elif _is_common_client_key(key):
@@ -229,6 +245,8 @@ class _Builder:
             self.set_setting(flow.settings, sub, key, value)
         elif sub in _JAVA_CLASSES:
             self.check_class(sub, key, value)
+        elif sub in EXACTLY_ONCE_KEYS:
+            self.check_exactly_once(sub, key, value)
         elif sub.split(".")[0] in _ROLES:
             self.unknown(
                 key,
@@ -244,6 +262,10 @@ class _Builder:
             raw.roles[role][sub[len(role) + 1 :]] = _client_value(value)
         elif sub in WORKER_KEYS:
             raw.worker[sub] = value
+            self.places.setdefault(sub, []).append((f"{alias}.{sub}", value))
+        elif sub in EXACTLY_ONCE_KEYS:
+            # MM2's documented form: B.exactly.once.source.support for flows into B.
+            self.check_exactly_once(sub, f"{alias}.{sub}", value)
         elif sub in FLOW_KEYS or sub == "enabled":
             # MM2 has no per-cluster flow settings; it would pass this to A's clients.
             self.unknown(
@@ -260,11 +282,36 @@ class _Builder:
             into.setdefault(new, value)
         else:
             into[key] = value
+            self.places.setdefault(key, []).append((shown, value))
 
     def check_class(self, key: str, shown: str, value: object) -> None:
         default = _JAVA_CLASSES[key]
         if str(value).strip() not in (default, default.rsplit(".", 1)[1]):
             self.fail(shown, f"custom Java classes are not supported; remove it to use {default}")
+
+    def check_exactly_once(self, key: str, shown: str, value: object) -> None:
+        """Refuse a request for exactly-once; note one that settles for at-least-once."""
+        judged = exactly_once(key, value)
+        if judged.verdict in ("refuse", "invalid"):
+            got = f" (got {value!r})" if judged.verdict == "invalid" else ""
+            self.fail(shown, judged.message + got)
+        if judged.verdict == "warn":
+            self.notes.setdefault((logging.WARNING, judged.message), []).append(shown)
+
+    def note_unused(self) -> None:
+        """Note the keys mm2py accepts without acting on them (see config.unsupported)."""
+        for key, reason in NOT_HONOURED.items():
+            # One task per flow is what mm2py does: tasks.max = 1 is honoured.
+            shown = [
+                where
+                for where, value in self.places.get(key, [])
+                if key != "tasks.max" or int(str(value).strip()) > 1
+            ]
+            if shown:
+                self.notes[(logging.WARNING, reason)] = shown
+        for key, reason in MM2_ONLY.items():
+            if key in self.places:
+                self.notes[(logging.INFO, reason)] = [where for where, _ in self.places[key]]
 
     def validate_settings(self, values: dict[str, object], shown: dict[str, str]) -> FlowSettings:
         try:
@@ -332,7 +379,14 @@ class _Builder:
         key = shown.get(loc, loc)
         message = first["msg"].removeprefix("Value error, ")
         value = first.get("input")
-        if show_input and not is_secret_key(loc) and isinstance(value, str | int | float):
+        # A pattern error already quotes the pattern at fault, as the user wrote it.
+        quoted = isinstance(first.get("ctx", {}).get("error"), PatternError)
+        if (
+            show_input
+            and not quoted
+            and not is_secret_key(loc)
+            and isinstance(value, str | int | float)
+        ):
             message += f" (got {value!r})"
         if len(errors) > 1:
             message += f" (and {len(errors) - 1} more problem(s))"

@@ -218,8 +218,11 @@ class FlowSettings(BaseModel):
     offset_syncs_topic_location: Annotated[Literal["source", "target"], BeforeValidator(_strip)] = (
         Field("source", alias="offset-syncs.topic.location")
     )
+    # Read through consumer_poll_timeout / admin_timeout (seconds).
     consumer_poll_timeout_ms: Count = Field(1000, alias="consumer.poll.timeout.ms")
-    admin_timeout_ms: Count = Field(60000, alias="admin.timeout.ms")
+    admin_timeout_ms: Annotated[
+        int, BeforeValidator(_parse_int), AfterValidator(_check_at_least(1))
+    ] = Field(60000, alias="admin.timeout.ms")
 
     heartbeats_topic_replication_factor: CountOrBrokerDefault = Field(
         3, alias="heartbeats.topic.replication.factor"
@@ -243,6 +246,16 @@ class FlowSettings(BaseModel):
     status_storage_replication_factor: CountOrBrokerDefault = Field(
         3, alias="status.storage.replication.factor"
     )
+
+    @property
+    def admin_timeout(self) -> float:
+        """Seconds an admin call may take (MM2's admin.timeout.ms, default 60 s)."""
+        return self.admin_timeout_ms / 1000
+
+    @property
+    def consumer_poll_timeout(self) -> float:
+        """Seconds one poll of the source may wait (MM2's consumer.poll.timeout.ms, 1 s)."""
+        return self.consumer_poll_timeout_ms / 1000
 
     def period(self, task: PeriodicTask) -> int | None:
         """Seconds between runs of an MM2 periodic task, or None when it is disabled."""

@@ -26,6 +26,16 @@ BAD_PROPERTIES = {
     "unknown-policy": ("replication.policy.class = com.example.Mine\n", "replication.policy.class"),
     "wrong-type": ("replication.factor = many\n", "replication.factor"),
     "bad-location": ("offset-syncs.topic.location = nowhere\n", "offset-syncs.topic.location"),
+    # Exactly-once is refused until mm2py provides it; nothing runs at-least-once instead.
+    "exactly-once-source-support": (
+        "B.exactly.once.source.support = enabled\n",
+        "B.exactly.once.source.support",
+    ),
+    "exactly-once-required": (
+        "A->B.exactly.once.support = required\n",
+        "A->B.exactly.once.support",
+    ),
+    "untranslatable-java-regex": ("A->B.topics = \\\\p{L}+\n", "A->B.topics"),
     "unmappable-jaas": (
         'A.sasl.jaas.config = com.example.Login required password="' + SECRET + '";\n',
         "A.sasl.jaas.config",

@@ -81,6 +81,8 @@ def test_defaults_are_mm2s(tmp_path: Path) -> None:
     assert settings.offset_syncs_topic_location == "source"
     assert settings.offset_lag_max == 100
     assert settings.tasks_max == 1
+    assert settings.admin_timeout_ms == 60000 and settings.admin_timeout == 60.0
+    assert settings.consumer_poll_timeout_ms == 1000 and settings.consumer_poll_timeout == 1.0
     assert settings.emit_offset_syncs_enabled is True
     assert settings.period("refresh.topics") == 600
     assert settings.period("refresh.groups") == 600

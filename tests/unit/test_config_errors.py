@@ -80,6 +80,25 @@ BAD_PROPERTIES = [
     ("tasks-max-0", PROPS + "tasks.max = 0\n", "tasks.max", "at least 1"),
     ("negative-lag", PROPS + "offset.lag.max = -1\n", "offset.lag.max", "at least 0"),
     ("missing-flow-key", PROPS + "A->B = x\n", "A->B", "missing setting name"),
+    ("admin-timeout-0", PROPS + "admin.timeout.ms = 0\n", "admin.timeout.ms", "at least 1"),
+    # Exactly-once is refused until mm2py provides it, in every place it can be asked for.
+    ("eos-source-support", PROPS + "B.exactly.once.source.support = enabled\n",
+     "B.exactly.once.source.support", "enabled asks for exactly-once delivery"),
+    ("eos-source-support-global", PROPS + "exactly.once.source.support = Enabled\n",
+     "exactly.once.source.support", "set it to disabled"),
+    ("eos-required", PROPS + "exactly.once.support = required\n", "exactly.once.support",
+     "required asks for exactly-once delivery"),
+    ("eos-required-per-flow", PROPS + "A->B.exactly.once.support = REQUIRED \n",
+     "A->B.exactly.once.support", "set it to requested"),
+    ("eos-bad-value", PROPS + "B.exactly.once.source.support = on\n",
+     "B.exactly.once.source.support", "expected disabled, preparing or enabled (got 'on')"),
+    ("eos-support-bad-value", PROPS + "exactly.once.support = yes\n", "exactly.once.support",
+     "expected requested or required"),
+    # Java regexes: what Python cannot run names the part (backslashes doubled in .properties).
+    ("unicode-property", PROPS + "A->B.topics = orders, \\\\p{L}+\n", "A->B.topics",
+     "regular expression '\\p{L}+' uses the Unicode property \\p{L}"),
+    ("brace-split-by-list", PROPS + "groups = app{1,3}\n", "groups",
+     "invalid regular expression 'app{1': '{' at position 3 is not a repetition"),
     ("secret-in-bad-line", PROPS + f"B.sasl.password = {SECRET}\\u00ZZ\n", "line 6", "\\uXXXX"),
 ]  # fmt: skip
 
@@ -105,6 +124,14 @@ BAD_YAML = [
      "expected an integer"),
     ("missing-bootstrap", YAML + "  C:\n    producer: {linger.ms: 1}\n", "C.bootstrap.servers",
      "missing"),
+    ("eos-on-cluster", YAML + "    exactly.once.source.support: enabled\n",
+     "B.exactly.once.source.support", "asks for exactly-once delivery"),
+    ("eos-per-flow", YAML + "A->B:\n  exactly.once.support: required\n",
+     "A->B.exactly.once.support", "asks for exactly-once delivery"),
+    ("eos-global", YAML + "exactly.once.support: required\n", "exactly.once.support",
+     "asks for exactly-once delivery"),
+    ("unicode-property-in-class", YAML + "topics: '[a[^b]&&\\p{InGreek}]'\n",
+     "topics", "the Unicode property \\p{InGreek}"),
 ]  # fmt: skip
 
 

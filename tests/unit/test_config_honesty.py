@@ -1,0 +1,175 @@
+"""Every key mm2py accepts is honoured or said once to be ignored; exactly-once is refused.
+
+One log line per key and load, naming the file and every place the key is set, never
+a value; a config that asks for exactly-once fails to load (ConfigError) and says
+nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from mm2py.compat.filters import TopicFilter
+from mm2py.config import ConfigError, MirrorConfig, load_config
+
+BASE = "clusters = A, B\nA.bootstrap.servers = a:9092\nB.bootstrap.servers = b:9092\n"
+YAML = "clusters:\n  A: {bootstrap.servers: 'a:9092'}\n  B: {bootstrap.servers: 'b:9092'}\n"
+
+
+def load(tmp_path: Path, text: str, name: str = "mm2.properties") -> tuple[Path, MirrorConfig]:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path, load_config(path)
+
+
+def lines(caplog: pytest.LogCaptureFixture, level: int = logging.WARNING) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == level]
+
+
+# --- keys mm2py does not act on: said once per load ---
+
+
+def test_tasks_max_is_warned_once_naming_every_place(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    text = BASE + "tasks.max = 7777\nA->B.tasks.max = 8888\nB->A.tasks.max = 9999\n"
+    with caplog.at_level(logging.INFO):
+        path, config = load(tmp_path, text)
+    assert lines(caplog) == [
+        f"{path}: tasks.max, A->B.tasks.max, B->A.tasks.max: not honoured yet: each flow runs"
+        " as one task in one process (running a flow as several tasks comes with mm2py"
+        " clusters)"
+    ]
+    assert config.flow("A", "B").settings.tasks_max == 8888  # parsed, kept for the clusters
+    assert not any(value in caplog.text for value in ("7777", "8888", "9999"))
+
+
+def test_tasks_max_1_is_what_mm2py_does_and_is_not_warned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO):
+        path, _ = load(tmp_path, BASE + "tasks.max = 1\nA->B.tasks.max = 3\n")
+    # Only the place asking for more than one task is named.
+    assert [line.split(": ")[:2] for line in lines(caplog)] == [[str(path), "A->B.tasks.max"]]
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        load(tmp_path, BASE + "tasks.max = 1\n")
+    assert caplog.records == []
+
+
+def test_offset_lag_max_is_warned_once_as_not_needed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO):
+        path, _ = load(tmp_path, BASE + "offset.lag.max = 4321\nA->B.offset.lag.max = 0\n")
+    [line] = lines(caplog)
+    assert line.startswith(f"{path}: offset.lag.max, A->B.offset.lag.max: not needed: ")
+    assert "translation is exact" in line
+    assert "4321" not in caplog.text
+
+
+def test_each_load_says_it_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        load(tmp_path, BASE + "offset.lag.max = 1\n")
+        load(tmp_path, BASE + "offset.lag.max = 1\n")
+    assert len(lines(caplog)) == 2
+
+
+def test_yaml_says_the_same(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    text = YAML + "tasks.max: 2\nA->B:\n  tasks.max: 3\n  offset.lag.max: 5\n"
+    with caplog.at_level(logging.WARNING):
+        path, _ = load(tmp_path, text, "mm2.yaml")
+    assert [line.split(": ")[:2] for line in lines(caplog)] == [
+        [str(path), "tasks.max, A->B.tasks.max"],
+        [str(path), "A->B.offset.lag.max"],
+    ]
+
+
+def test_mm2s_own_topic_keys_are_noted_at_info(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Files shared with MM2 need them (configs/mm2.properties): no warning, one note each.
+    text = BASE + "config.storage.replication.factor = 1\nB.status.storage.replication.factor = 1\n"
+    with caplog.at_level(logging.INFO):
+        path, _ = load(tmp_path, text)
+    assert lines(caplog) == []
+    assert lines(caplog, logging.INFO) == [
+        f"{path}: config.storage.replication.factor: ignored: mm2py has no Connect config"
+        " topic (MM2's)",
+        f"{path}: B.status.storage.replication.factor: ignored: mm2py has no Connect status"
+        " topic (MM2's)",
+    ]
+
+
+# --- keys others wire in: typed, with MM2's defaults ---
+
+
+def test_timeouts_and_progress_partitions_are_typed_with_mm2s_defaults(tmp_path: Path) -> None:
+    text = (
+        BASE
+        + "admin.timeout.ms = 2500\nA->B.consumer.poll.timeout.ms = 250\n"
+        + "B.offset.storage.partitions = 5\n"
+    )
+    _, config = load(tmp_path, text)
+    ab, ba = config.flow("A", "B").settings, config.flow("B", "A").settings
+    assert (ab.admin_timeout, ab.consumer_poll_timeout) == (2.5, 0.25)
+    assert (ba.admin_timeout, ba.consumer_poll_timeout) == (2.5, 1.0)
+    # A Connect worker key: read from the target cluster, as MM2's workerConfig does.
+    assert (ab.offset_storage_partitions, ba.offset_storage_partitions) == (5, 25)
+
+
+# --- exactly-once ---
+
+
+def test_requested_exactly_once_runs_at_least_once_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    text = (
+        BASE
+        + "exactly.once.support = requested\nA->B.exactly.once.support = Requested\n"
+        + "B.exactly.once.source.support = disabled\n"
+    )
+    with caplog.at_level(logging.INFO):
+        path, _ = load(tmp_path, text)
+    assert lines(caplog) == [
+        f"{path}: exactly.once.support, A->B.exactly.once.support: requested: mm2py copies"
+        " at-least-once; exactly-once delivery is not available in mm2py yet"
+    ]
+
+
+def test_preparing_exactly_once_is_warned(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        path, _ = load(tmp_path, BASE + "B.exactly.once.source.support = preparing\n")
+    [line] = lines(caplog)
+    assert line.startswith(f"{path}: B.exactly.once.source.support: preparing: mm2py copies")
+
+
+def test_a_refused_config_says_only_why(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    text = BASE + "tasks.max = 4\nexactly.once.support = requested\n"
+    path = tmp_path / "mm2.properties"
+    path.write_text(text + "B.exactly.once.source.support = enabled\n", encoding="utf-8")
+    with caplog.at_level(logging.INFO), pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).startswith(f"{path}: B.exactly.once.source.support: enabled asks")
+    assert caplog.records == []
+
+
+# --- Java regexes in the config ---
+
+
+def test_java_named_groups_and_quoting_load_and_select_as_in_mm2(tmp_path: Path) -> None:
+    # In .properties a backslash is written twice (java.util.Properties), as for MM2.
+    text = BASE + "A->B.topics = (?<name>orders), \\\\Qpay.ments\\\\E, (?i)audit-\\\\p{Digit}+\n"
+    _, config = load(tmp_path, text)
+    settings = config.flow("A", "B").settings
+    assert settings.topics == ["(?<name>orders)", "\\Qpay.ments\\E", "(?i)audit-\\p{Digit}+"]
+    selected = TopicFilter(settings.topics, settings.topics_exclude)
+    names = ["orders", "pay.ments", "payxments", "AUDIT-12", "audit-x", "orders2"]
+    assert [n for n in names if selected.should_replicate_topic(n)] == [
+        "orders",
+        "pay.ments",
+        "AUDIT-12",
+    ]
