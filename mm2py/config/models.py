@@ -22,7 +22,11 @@ from pydantic import (
     field_validator,
 )
 
-from mm2py.compat.filters import compile_pattern_list
+from mm2py.compat.filters import (
+    DEFAULT_GROUPS_EXCLUDE,
+    DEFAULT_TOPICS_EXCLUDE,
+    compile_pattern_list,
+)
 from mm2py.config.errors import ConfigError
 
 ClientRole = Literal["consumer", "producer", "admin"]
@@ -145,8 +149,6 @@ CountOrBrokerDefault = Annotated[
 Patterns = Annotated[list[str], BeforeValidator(parse_list), AfterValidator(_compile_all)]
 Text = Annotated[str, BeforeValidator(_strip)]
 
-DEFAULT_TOPICS_EXCLUDE = ("mm2.*\\.internal", ".*\\.replica", "__.*")
-DEFAULT_GROUPS_EXCLUDE = ("console-consumer-.*", "connect-.*", "__.*")
 DEFAULT_CONFIG_PROPERTIES_EXCLUDE = (
     "follower\\.replication\\.throttled\\.replicas",
     "leader\\.replication\\.throttled\\.replicas",
