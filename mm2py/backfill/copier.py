@@ -36,8 +36,12 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from mm2py.backfill.plan import OffsetRange, RangeResult
-from mm2py.compat.formats import CONTIGUOUS_SYNC_HEADER, OffsetSync
 from mm2py.kafka import clients
+from mm2py.kafka.consume import consume_batch
+from mm2py.kafka.produce import produce_when_room
+from mm2py.replication import client_settings
+from mm2py.replication.client_settings import copy_settings
+from mm2py.replication.offset_syncs import OffsetSyncWriter, SyncRule
 from mm2py.replication.progress import ProgressStore
 
 log = logging.getLogger(__name__)
@@ -61,10 +65,9 @@ CONSUMER_TUNING: Mapping[str, Any] = {
     "queued.max.messages.kbytes": 16384,
     "fetch.queue.backoff.ms": 5,
 }
+# What the range copy needs beyond the shared requirements (read_committed, no commits).
 CONSUMER_REQUIRED: Mapping[str, Any] = {
-    "isolation.level": "read_committed",  # aborted transactions are never copied
-    "enable.auto.commit": False,
-    "enable.auto.offset.store": False,
+    **client_settings.CONSUMER_REQUIRED,
     "enable.partition.eof": True,
     "auto.offset.reset": "earliest",  # records deleted by retention meanwhile are skipped
 }
@@ -80,8 +83,7 @@ PRODUCER_TUNING: Mapping[str, Any] = {
 }
 # Order and exactly-once per transaction depend on these; cluster settings cannot change them.
 PRODUCER_REQUIRED: Mapping[str, Any] = {
-    "acks": "all",
-    "enable.idempotence": True,
+    **client_settings.PRODUCER_REQUIRED,
     "transaction.timeout.ms": 300_000,
 }
 
@@ -109,14 +111,6 @@ class RangeTask:
     syncs_topic: str = ""
 
 
-def overrides(
-    props: Mapping[str, str], tuning: Mapping[str, Any], required: Mapping[str, Any]
-) -> dict[str, Any]:
-    """Client overrides: tuning where the cluster's settings say nothing, then what
-    correctness needs (which the cluster's settings cannot change)."""
-    return {**{k: v for k, v in tuning.items() if k not in props}, **required}
-
-
 @dataclass
 class _Marks:
     """Target offsets of the records that tell where the others landed.
@@ -131,7 +125,7 @@ class _Marks:
 
     task: RangeTask
     acks: list[tuple[int, int, int]] = field(default_factory=list)  # (upstream, index, downstream)
-    delta: int | None = None  # source minus target offset at the last sync
+    rule: SyncRule = field(default_factory=SyncRule)  # when a sync is written
     first_downstream: int | None = None
     last: tuple[int, int] | None = None  # (upstream, downstream) of the latest record
     interleaved: int = 0
@@ -157,8 +151,7 @@ class _Marks:
                 if downstream - previous[2] > apart:
                     # Another producer wrote to the remote partition meanwhile.
                     self.interleaved += downstream - previous[2] - apart
-            if upstream - downstream != self.delta:
-                self.delta = upstream - downstream
+            if self.rule.on_copied(upstream, downstream):
                 syncs.append((upstream, downstream))
             previous = (upstream, index, downstream)
         if self.first_downstream is None:
@@ -166,7 +159,7 @@ class _Marks:
         # The latest record: after the last acknowledged one, with no source gap between.
         upstream, index, downstream = acks[-1]
         self.last = (last_upstream, downstream + last_index - index)
-        if not syncs or syncs[-1][0] != last_upstream:
+        if self.rule.on_progress(last_upstream):
             syncs.append(self.last)
         return syncs
 
@@ -222,12 +215,23 @@ def copy_range(task: RangeTask, attempt: int = 0) -> RangeResult:
     marks = _Marks(task)
     txn_log = _TransactionLog()
     consumer = clients.consumer(
-        task.source_props, overrides(task.source_props, CONSUMER_TUNING, CONSUMER_REQUIRED)
+        task.source_props,
+        copy_settings(
+            task.source_props,
+            CONSUMER_TUNING,
+            CONSUMER_REQUIRED,
+            f"cluster {task.source_alias} consumer",
+        ),
     )
     producer = clients.producer(
         task.target_props,
         {
-            **overrides(task.target_props, PRODUCER_TUNING, PRODUCER_REQUIRED),
+            **copy_settings(
+                task.target_props,
+                PRODUCER_TUNING,
+                PRODUCER_REQUIRED,
+                f"cluster {task.target_alias} producer",
+            ),
             "transactional.id": task.transactional_id,
             "logger": txn_log,
         },
@@ -288,13 +292,7 @@ def _copy_records(
     last_seen = time.monotonic()
     try:
         while True:
-            # Take what is queued at once; if nothing is, wait for the first record only
-            # (consume() would wait for a full batch or the timeout).
-            msgs: list[Any] = consumer.consume(BATCH_SIZE, 0)
-            if not msgs:
-                first = consumer.poll(POLL_TIMEOUT)
-                if first is not None:
-                    msgs = [first, *consumer.consume(BATCH_SIZE - 1, 0)]
+            msgs = consume_batch(consumer, BATCH_SIZE, POLL_TIMEOUT)
             now = time.monotonic()
             if not msgs:
                 if now - last_seen > STALL_TIMEOUT:
@@ -348,7 +346,7 @@ def _copy_records(
                     kwargs = {"timestamp": timestamp, "headers": headers}
                     if marked:
                         kwargs["on_delivery"] = partial(ack, offset, index)
-                    _produce_when_room(producer, (remote, value, key, partition), kwargs)
+                    produce_when_room(producer, (remote, value, key, partition), kwargs)
                 expected = position.next_offset = offset + 1
                 index += 1
                 nbytes += (len(key) if key else 0) + (len(value) if value else 0)
@@ -360,17 +358,6 @@ def _copy_records(
                 return
     finally:
         position.records, position.bytes = index, nbytes
-
-
-def _produce_when_room(producer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """The target is slower than the source: wait for acknowledgements, then produce."""
-    while True:
-        producer.poll(0.05)
-        try:
-            producer.produce(*args, **kwargs)
-            return
-        except BufferError:
-            continue
 
 
 def _commit(task: RangeTask, producer: Any, txn_log: _TransactionLog) -> None:
@@ -408,44 +395,26 @@ def _abort(producer: Any, task: RangeTask) -> None:
 
 
 class _SyncWriter:
-    """Writes offset syncs and waits for them (one producer for the whole range)."""
+    """Writes a range's offset syncs after each commit and waits for them."""
 
     def __init__(self, task: RangeTask) -> None:
         self.task = task
-        self.failures: list[str] = []
-        self._producer = None
+        self._writer: OffsetSyncWriter | None = None
         if task.syncs_props is not None:
-            self._producer = clients.producer(
-                task.syncs_props, {"linger.ms": 0, "acks": "all", "on_delivery": self._delivered}
-            )
-
-    def _delivered(self, err: KafkaError | None, _msg: Any) -> None:
-        if err is not None:
-            self.failures.append(err.str())
+            producer = clients.producer(task.syncs_props, {"linger.ms": 0, "acks": "all"})
+            self._writer = OffsetSyncWriter(producer, task.syncs_topic)
 
     def write(self, syncs: list[tuple[int, int]]) -> int:
         """Write `syncs`; return how many were written."""
-        producer, task = self._producer, self.task
-        if producer is None or not syncs:
+        writer, task = self._writer, self.task
+        if writer is None or not syncs:
             return 0
         r = task.range
         for upstream, downstream in syncs:
-            sync = OffsetSync(r.topic, r.partition, upstream, downstream)
-            while True:
-                try:
-                    producer.produce(
-                        task.syncs_topic,
-                        sync.encode_value(),
-                        sync.encode_key(),
-                        0,
-                        headers=[CONTIGUOUS_SYNC_HEADER],
-                    )
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-        remaining = producer.flush(WRITE_TIMEOUT)
-        if remaining or self.failures:
-            reason = self.failures[0] if self.failures else f"{remaining} not acknowledged"
+            writer.write(r.topic, r.partition, upstream, downstream)
+        remaining = writer.flush(WRITE_TIMEOUT)
+        if remaining or writer.failures:
+            reason = writer.failures[0] if writer.failures else f"{remaining} not acknowledged"
             raise RangeCopyError(
                 f"flow {task.flow}: {r}: records were committed but writing their offset "
                 f"syncs to {task.syncs_topic} failed: {reason}; run the backfill again"

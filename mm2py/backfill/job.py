@@ -46,21 +46,18 @@ from mm2py.backfill.plan import (
 from mm2py.compat.flow import FlowRules
 from mm2py.compat.topic_configs import ConfigPropertyFilter
 from mm2py.config import ClusterConfig, FlowConfig, MirrorConfig
-from mm2py.daemon.parts.source import OFFSET_SYNCS_TOPIC_CONFIG
 from mm2py.errors import Mm2pyError
 from mm2py.kafka import clients
-from mm2py.kafka.configs import remote_topic_configs
+from mm2py.kafka.access import ClusterAccessError, check_cluster_access
 from mm2py.kafka.topics import (
     TopicAdminError,
-    await_partitions,
-    create_topic,
-    ensure_internal_topic,
-    grow_topic,
+    await_topics,
     list_offsets,
     partition_counts,
-    plan_remote_topics,
 )
+from mm2py.replication.offset_syncs import ensure_offset_syncs_topic
 from mm2py.replication.progress import ProgressStore, SourcePartition
+from mm2py.replication.remote_topics import ensure_remote_topics
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +106,6 @@ def run_backfill(
     on_progress: Callable[[str], None] = lambda _line: None,
 ) -> BackfillSummary:
     """Copy the planned ranges of flow source->target; raise BackfillError on failure."""
-    from mm2py.daemon.supervisor import ClusterAccessError, check_cluster_access
-
     started = time.monotonic()
     flow = config.flow(options.source, options.target)
     source, target = config.cluster(flow.source), config.cluster(flow.target)
@@ -142,13 +137,10 @@ def run_backfill(
     try:
         if rules.settings.emit_offset_syncs_enabled:
             syncs_topic = rules.offset_syncs_topic
-            ensure_internal_topic(
+            ensure_offset_syncs_topic(
+                rules,
                 source_admin if rules.offset_syncs_on_source else target_admin,
                 syncs_cluster.alias,
-                syncs_topic,
-                1,
-                rules.settings.offset_syncs_topic_replication_factor,
-                OFFSET_SYNCS_TOPIC_CONFIG,
             )
         store = ProgressStore(
             target.librdkafka("producer"),
@@ -217,32 +209,18 @@ def _ensure_remote_topics(
         existing = partition_counts(target_admin)
     except KafkaException as exc:
         raise BackfillError(f"listing the topics of cluster {flow.target}: {exc}") from None
-    plan = plan_remote_topics({remote_of[t]: n for t, n in topics.items()}, existing)
-    creating = [t for t in topics if remote_of[t] in plan.create]
-    configs = remote_topic_configs(
+    result = ensure_remote_topics(
+        rules,
         source_admin,
-        flow.source,
-        creating,
+        target_admin,
+        topics,
+        existing,
         ConfigPropertyFilter(rules.settings.config_properties_exclude),
     )
+    if result.failed:
+        raise BackfillError(next(iter(result.failed.values())))
     try:
-        for topic in creating:
-            topic_configs = configs[topic]
-            if isinstance(topic_configs, str):
-                # With the target's default retention, old records could be deleted at once.
-                raise BackfillError(f"{topic_configs}; not creating {remote_of[topic]}")
-            create_topic(
-                target_admin,
-                flow.target,
-                remote_of[topic],
-                topics[topic],
-                rules.settings.replication_factor,
-                topic_configs,
-            )
-        for remote, partitions in plan.grow.items():
-            grow_topic(target_admin, flow.target, remote, partitions)
-        for topic, partitions in topics.items():
-            await_partitions(target_admin, flow.target, remote_of[topic], partitions)
+        await_topics(target_admin, flow.target, {remote_of[t]: n for t, n in topics.items()})
     except TopicAdminError as exc:
         raise BackfillError(str(exc)) from None
 

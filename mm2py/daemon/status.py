@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from mm2py.daemon.metrics import LATENCY_BUCKETS
+from mm2py.replication.stats import LATENCY_BUCKETS
 
 PartState = Literal["RUNNING", "PAUSED", "FAILED"]
 

@@ -13,11 +13,10 @@ import signal
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
-from confluent_kafka import KafkaError
 from prometheus_client import CollectorRegistry
 
 from mm2py.config import FlowConfig, MirrorConfig
@@ -37,7 +36,7 @@ from mm2py.daemon.status import (
     health,
 )
 from mm2py.errors import Mm2pyError
-from mm2py.kafka import clients
+from mm2py.kafka.access import check_cluster_access
 
 log = logging.getLogger(__name__)
 
@@ -48,34 +47,6 @@ STOP_TIMEOUT = 9.0
 
 class ListenError(Mm2pyError):
     """The daemon's HTTP address cannot be bound."""
-
-
-class ClusterAccessError(Mm2pyError):
-    """A cluster refuses the configured credentials or certificate; retrying cannot help."""
-
-
-def check_cluster_access(config: MirrorConfig, aliases: Iterable[str]) -> None:
-    """Raise ClusterAccessError naming the cluster if a login or TLS handshake fails.
-
-    All clusters are asked at once; unreachable ones pass (the parts retry them).
-    """
-    aliases = sorted(set(aliases))
-    found: dict[str, KafkaError | None] = {}
-
-    def ask(alias: str) -> None:
-        found[alias] = clients.access_error(config.cluster(alias).librdkafka("admin"))
-
-    askers = [threading.Thread(target=ask, args=(alias,), daemon=True) for alias in aliases]
-    for t in askers:
-        t.start()
-    for t in askers:
-        t.join()
-    for alias in aliases:
-        err = found.get(alias)
-        if err is not None:
-            raise ClusterAccessError(
-                clients.access_problem(alias, config.cluster(alias).librdkafka("admin"), err)
-            )
 
 
 def parse_listen(address: str) -> tuple[str, int]:

@@ -1,15 +1,15 @@
 """Topic administration on a cluster: internal topics and remote topics.
 
-Planning (which remote topics to create or grow) is pure; applying the plan
-is a few AdminClient calls whose failures say which topic, which cluster, why.
+Many topics are created (or grown) in one request; failures say which topic, which
+cluster, why.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
@@ -23,25 +23,6 @@ ADMIN_TIMEOUT = 30.0
 
 class TopicAdminError(RuntimeError):
     """A topic could not be created or grown on a cluster."""
-
-
-@dataclass(frozen=True)
-class RemoteTopicPlan:
-    """What the target needs so that every replicated source topic has a copy."""
-
-    create: dict[str, int]  # remote topic -> partitions
-    grow: dict[str, int]  # remote topic -> new partition count
-
-
-def plan_remote_topics(wanted: Mapping[str, int], existing: Mapping[str, int]) -> RemoteTopicPlan:
-    """Compare the partition counts the remote topics need with what the target has.
-
-    Counts never shrink: a remote topic with more partitions than its source
-    keeps them.
-    """
-    create = {t: n for t, n in wanted.items() if t not in existing}
-    grow = {t: n for t, n in wanted.items() if t in existing and existing[t] < n}
-    return RemoteTopicPlan(create, grow)
 
 
 def partition_counts(admin: AdminClient, timeout: float = ADMIN_TIMEOUT) -> dict[str, int]:
@@ -79,6 +60,37 @@ def await_partitions(
         time.sleep(0.2)
 
 
+def await_topics(
+    client: Any, cluster_alias: str, counts: Mapping[str, int], timeout: float = ADMIN_TIMEOUT
+) -> None:
+    """Return once `client`'s metadata shows every topic of `counts` with at least that
+    many partitions (one metadata request for all of them per try).
+
+    For many topics at once, e.g. the remote topics a refresh just created; see
+    `await_partitions` for why a client must see them first.
+    """
+    deadline = time.monotonic() + timeout
+    missing = dict(counts)
+    while missing:
+        try:
+            topics = client.list_topics(timeout=min(10.0, timeout)).topics
+        except KafkaException:
+            topics = {}
+        for name in list(missing):
+            meta = topics.get(name)
+            if meta is not None and meta.error is None and len(meta.partitions) >= missing[name]:
+                del missing[name]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            shown = ", ".join(sorted(missing)[:5]) + (" ..." if len(missing) > 5 else "")
+            raise TopicAdminError(
+                f"cluster {cluster_alias} does not show all partitions of {len(missing)} "
+                f"topic(s) after {timeout:.0f} s: {shown}"
+            )
+        time.sleep(0.2)
+
+
 def list_offsets(
     admin: AdminClient, cluster_alias: str, specs: Mapping[TopicPartition, Any]
 ) -> dict[tuple[str, int], int]:
@@ -103,6 +115,71 @@ def list_offsets(
     return out
 
 
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic to create."""
+
+    name: str
+    partitions: int
+    replication_factor: int
+    config: Mapping[str, str] = field(default_factory=dict)
+
+
+def create_topics(
+    admin: AdminClient, cluster_alias: str, specs: Sequence[TopicSpec]
+) -> tuple[list[str], dict[str, TopicAdminError]]:
+    """Create topics in one CreateTopics request: (created, failures by topic).
+
+    A topic that exists already is neither created nor a failure.
+    """
+    if not specs:
+        return [], {}
+    new = [
+        NewTopic(
+            s.name,
+            num_partitions=s.partitions,
+            replication_factor=s.replication_factor,
+            config=dict(s.config),
+        )
+        for s in specs
+    ]
+    by_name = {s.name: s for s in specs}
+    created: list[str] = []
+    failed: dict[str, TopicAdminError] = {}
+    futures = admin.create_topics(new, request_timeout=ADMIN_TIMEOUT)
+    for name, future in futures.items():
+        spec = by_name[name]
+        try:
+            future.result(timeout=ADMIN_TIMEOUT)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.name() != "TOPIC_ALREADY_EXISTS":
+                failed[name] = TopicAdminError(
+                    f"cannot create topic {name!r} ({spec.partitions} partitions, replication "
+                    f"factor {spec.replication_factor}) on cluster {cluster_alias}: {err.str()}"
+                )
+            continue
+        created.append(name)
+    if len(created) == 1:
+        name = created[0]
+        log.info(
+            "created topic %s on cluster %s (%d partitions)",
+            name,
+            cluster_alias,
+            by_name[name].partitions,
+        )
+    elif created:
+        # Thousands of names would make one unreadable line: they go to DEBUG.
+        log.info(
+            "created %d topics on cluster %s (%d partitions)",
+            len(created),
+            cluster_alias,
+            sum(by_name[n].partitions for n in created),
+        )
+        log.debug("created on cluster %s: %s", cluster_alias, ", ".join(sorted(created)))
+    return created, failed
+
+
 def create_topic(
     admin: AdminClient,
     cluster_alias: str,
@@ -112,41 +189,41 @@ def create_topic(
     config: Mapping[str, str] | None = None,
 ) -> bool:
     """Create a topic; False if it already exists. Raises TopicAdminError otherwise."""
-    new = NewTopic(
-        name,
-        num_partitions=partitions,
-        replication_factor=replication_factor,
-        config=dict(config or {}),
+    spec = TopicSpec(name, partitions, replication_factor, dict(config or {}))
+    created, failed = create_topics(admin, cluster_alias, [spec])
+    if name in failed:
+        raise failed[name]
+    return bool(created)
+
+
+def grow_topics(
+    admin: AdminClient, cluster_alias: str, counts: Mapping[str, int]
+) -> dict[str, TopicAdminError]:
+    """Raise topics' partition counts in one CreatePartitions request: failures by topic."""
+    if not counts:
+        return {}
+    futures = admin.create_partitions(
+        [NewPartitions(name, n) for name, n in counts.items()], request_timeout=ADMIN_TIMEOUT
     )
-    try:
-        admin.create_topics([new], request_timeout=ADMIN_TIMEOUT)[name].result(
-            timeout=ADMIN_TIMEOUT
-        )
-    except KafkaException as exc:
-        err = exc.args[0]
-        if err.name() == "TOPIC_ALREADY_EXISTS":
-            return False
-        raise TopicAdminError(
-            f"cannot create topic {name!r} ({partitions} partitions, replication factor "
-            f"{replication_factor}) on cluster {cluster_alias}: {err.str()}"
-        ) from None
-    log.info("created topic %s on cluster %s (%d partitions)", name, cluster_alias, partitions)
-    return True
+    failed: dict[str, TopicAdminError] = {}
+    for name, future in futures.items():
+        try:
+            future.result(timeout=ADMIN_TIMEOUT)
+        except KafkaException as exc:
+            failed[name] = TopicAdminError(
+                f"cannot add partitions to topic {name!r} on cluster {cluster_alias} "
+                f"(to {counts[name]}): {exc.args[0].str()}"
+            )
+            continue
+        log.info("grew topic %s on cluster %s to %d partitions", name, cluster_alias, counts[name])
+    return failed
 
 
 def grow_topic(admin: AdminClient, cluster_alias: str, name: str, partitions: int) -> None:
     """Raise a topic's partition count to `partitions`."""
-    try:
-        admin.create_partitions([NewPartitions(name, partitions)], request_timeout=ADMIN_TIMEOUT)[
-            name
-        ].result(timeout=ADMIN_TIMEOUT)
-    except KafkaException as exc:
-        err = exc.args[0]
-        raise TopicAdminError(
-            f"cannot add partitions to topic {name!r} on cluster {cluster_alias} "
-            f"(to {partitions}): {err.str()}"
-        ) from None
-    log.info("grew topic %s on cluster %s to %d partitions", name, cluster_alias, partitions)
+    failed = grow_topics(admin, cluster_alias, {name: partitions})
+    if name in failed:
+        raise failed[name]
 
 
 def ensure_internal_topic(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from mm2py.daemon.metrics import LATENCY_BUCKETS, Histogram
 from mm2py.daemon.status import (
     FlowStatus,
     LatencyWindow,
@@ -14,6 +13,7 @@ from mm2py.daemon.status import (
     quantile,
     resolve_flow,
 )
+from mm2py.replication.stats import LATENCY_BUCKETS, Histogram
 
 
 def _counts(*seconds: float) -> list[int]:

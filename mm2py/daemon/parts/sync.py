@@ -205,12 +205,11 @@ class SyncPart(FlowPart):
         source = describe_topic_configs(self._source_admin, flow.source, pairs)
         target = describe_topic_configs(self._target_admin, flow.target, pairs.values())
         resources: dict[str, tuple[ConfigResource, ConfigChanges]] = {}
+        for problem in [*source.unreadable.values(), *target.unreadable.values()]:
+            log.warning("flow %s: %s", flow.name, problem)
         for topic, remote in sorted(pairs.items()):
-            src, dst = source.get(topic), target.get(remote)
-            for problem in (src, dst):
-                if isinstance(problem, str):
-                    log.warning("flow %s: %s", flow.name, problem)
-            if not isinstance(src, list) or not isinstance(dst, list):
+            src, dst = source.found.get(topic), target.found.get(remote)
+            if src is None or dst is None:
                 continue
             changes = config_changes(src, dst, self.prop_filter)
             if changes:

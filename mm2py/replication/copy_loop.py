@@ -1,0 +1,397 @@
+"""The copy loop: records of the partitions it is given, from the source to their remote
+partitions, with progress and offset syncs.
+
+Which partitions it copies is decided outside (the source part's topic discovery
+today, a task assignment tomorrow): `assign` starts partitions, `unassign` lets them
+go. Every record keeps its partition, key, value, headers and timestamp; the source
+is read `read_committed`. The only per-record Python work is the produce call and
+its delivery report, which tells the record's target offset.
+
+Progress is the last source offset the target acknowledged, recorded in
+``mm2-offsets.<source>.internal``; offset syncs follow `SyncRule`. Everything here
+runs on the one thread that owns the loop, except `failed_partitions()` and
+reading the statistics.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+
+from mm2py.kafka.consume import consume_batch
+from mm2py.kafka.produce import produce_when_room
+from mm2py.logs import partition_fields
+from mm2py.replication.offset_syncs import OffsetSyncWriter, SyncRule
+from mm2py.replication.progress import ProgressStore, SourcePartition
+from mm2py.replication.stats import PartitionStats, ReplicationStats
+
+log = logging.getLogger(__name__)
+
+BATCH_SIZE = 5000
+POLL_TIMEOUT = 0.1
+LEARN_TOPIC_TIMEOUT = 2.0
+# Show at most this many partitions in an INFO line; the whole list goes to DEBUG.
+LOGGED_PARTITIONS = 20
+
+
+@dataclass(frozen=True)
+class NewPartition:
+    """A source partition to start copying, and its remote topic."""
+
+    topic: str
+    partition: int
+    remote_topic: str
+
+
+@dataclass
+class PartitionState:
+    """The copy state of one source partition and its remote partition."""
+
+    topic: str
+    partition: int
+    remote_topic: str
+    stats: PartitionStats
+    inflight: deque[int] = field(default_factory=deque)  # source offsets awaiting acks
+    acked: int = -1  # last source offset the target acknowledged
+    acked_downstream: int = -1
+    submitted: int = -1  # last offset sent to the progress topic
+    committed: int = -1  # last offset the progress topic acknowledged
+    syncs: SyncRule = field(default_factory=SyncRule)
+    failure: str | None = None
+    gone: bool = False  # its source topic was deleted; unassigned until it exists again
+    failed_size: int = 0
+
+
+class CopyLoop:
+    """Copies the assigned partitions of one flow (A->B) on the caller's thread.
+
+    Takes its clients ready-made: a consumer of the source (read_committed, no
+    group), a producer for the target, the progress store and the sync writer.
+    """
+
+    def __init__(
+        self,
+        flow_name: str,
+        target_alias: str,
+        consumer: Any,
+        producer: Any,
+        progress: ProgressStore,
+        syncs: OffsetSyncWriter | None,
+        stats: ReplicationStats,
+        stored: Mapping[SourcePartition, int],
+        on_partition_failed: Callable[[], None] | None = None,
+    ) -> None:
+        self.flow_name = flow_name
+        self.target_alias = target_alias
+        self.consumer = consumer
+        self.producer = producer
+        self.progress = progress
+        self.syncs = syncs
+        self.stats = stats
+        self._stored = dict(stored)  # progress found at start
+        self._on_partition_failed = on_partition_failed
+        self.by_source: dict[SourcePartition, PartitionState] = {}
+        self._by_remote: dict[tuple[str, int], PartitionState] = {}
+        # Set (from any thread) when the loop must end so that the part restarts.
+        self.restart_reason: str | None = None
+        self.paused = False
+
+    # -- which partitions -------------------------------------------------------
+
+    def assign(
+        self, found: Sequence[NewPartition], earliest: Mapping[SourcePartition, int]
+    ) -> None:
+        """Start copying partitions: after their progress, else at `earliest` (their log
+        start offsets), else at the beginning."""
+        new: list[TopicPartition] = []
+        for topic in sorted({p.topic for p in found}):
+            self._learn_topic(topic)
+        for p in found:
+            state = self.by_source.get((p.topic, p.partition))
+            if state is not None:
+                # Its topic was deleted and exists again: continue after the last copied
+                # offset (beyond the new topic's end, the consumer starts at its earliest).
+                state.gone = False
+                stored: int | None = state.acked if state.acked >= 0 else None
+            else:
+                state = PartitionState(
+                    p.topic,
+                    p.partition,
+                    p.remote_topic,
+                    self.stats.partition(p.remote_topic, p.partition),
+                )
+                stored = self._stored.get((p.topic, p.partition))
+                if stored is not None:
+                    state.acked = state.committed = state.submitted = stored
+                self.by_source[(p.topic, p.partition)] = state
+                self._by_remote[(p.remote_topic, p.partition)] = state
+            if stored is not None:
+                start = stored + 1
+            else:
+                start = earliest.get((p.topic, p.partition), OFFSET_BEGINNING)
+            new.append(TopicPartition(p.topic, p.partition, start))
+        self.consumer.incremental_assign(new)
+        if self.paused:
+            self.consumer.pause([TopicPartition(tp.topic, tp.partition) for tp in new])
+        log.info("flow %s: now copying %s", self.flow_name, describe_partitions(new))
+        if len(new) > LOGGED_PARTITIONS:
+            log.debug(
+                "flow %s: now copying %s",
+                self.flow_name,
+                ", ".join(f"{tp.topic}-{tp.partition}" for tp in new),
+            )
+
+    def unassign(self, gone: Sequence[SourcePartition]) -> list[str]:
+        """Stop copying partitions (their progress stays); the topics let go."""
+        tps = []
+        for where in gone:
+            state = self.by_source.get(where)
+            if state is not None and not state.gone:
+                state.gone = True
+                state.stats.lag = 0
+                tps.append(TopicPartition(*where))
+        if not tps:
+            return []
+        self.consumer.incremental_unassign(tps)
+        return sorted({tp.topic for tp in tps})
+
+    def _learn_topic(self, topic: str) -> None:
+        """Make the consumer's metadata show `topic` (on the loop's thread).
+
+        The consumer fetches nothing from a partition its metadata does not show (a
+        topic created a moment ago, e.g. by another flow) until a periodic refresh,
+        up to 10 s later. A consumer's metadata must not be asked for from another
+        thread while it polls: librdkafka then never answers.
+        """
+        try:
+            self.consumer.list_topics(topic, timeout=LEARN_TOPIC_TIMEOUT)
+        except KafkaException as exc:
+            log.warning(
+                "flow %s: no metadata for %s yet (%s); copying starts when the "
+                "consumer's next refresh shows it",
+                self.flow_name,
+                topic,
+                exc.args[0].str(),
+            )
+
+    # -- pausing in place: the consumer stops fetching; positions, progress and
+    # connections stay, so resuming continues with the next record.
+
+    def set_paused(self, paused: bool) -> None:
+        tps = [
+            TopicPartition(s.topic, s.partition)
+            for s in self.by_source.values()
+            if s.failure is None and not s.gone
+        ]
+        if paused:
+            self.consumer.pause(tps)
+            log.info("flow %s: paused; no records are read until resumed", self.flow_name)
+        else:
+            self.consumer.resume(tps)
+            log.info("flow %s: resumed", self.flow_name)
+        self.paused = paused
+
+    def failed_partitions(self) -> dict[str, str]:
+        """Partitions stopped by a rejected record, with the reason (from any thread)."""
+        return {
+            f"{s.remote_topic}-{s.partition}": s.failure
+            for s in list(self.by_source.values())  # a copy: the loop may add partitions
+            if s.failure is not None
+        }
+
+    # -- copying ------------------------------------------------------------------
+
+    def copy_batch(self, give_up: Callable[[], bool]) -> bool:
+        """Copy what the source has now (waits up to POLL_TIMEOUT for a first record).
+
+        False when `give_up()` said to stop while the target's queue was full (the
+        record then waiting was not sent: progress, acknowledged records only, stays
+        right). Raises RuntimeError when the part must restart.
+        """
+        by_source = self.by_source
+        produce = self.producer.produce
+        on_delivery = self._on_delivery
+        msgs = consume_batch(self.consumer, BATCH_SIZE, POLL_TIMEOUT)
+        wall = time.time()
+        for msg in msgs:
+            if msg.error() is not None:
+                self._consume_error(msg)
+                continue
+            state = by_source[(msg.topic(), msg.partition())]
+            if state.failure is not None:
+                continue
+            offset = msg.offset()
+            ts = msg.timestamp()[1]
+            key = msg.key()
+            value = msg.value()
+            state.inflight.append(offset)
+            stats = state.stats
+            stats.record_age.observe(wall - ts / 1000.0)
+            stats.bytes += (len(key) if key else 0) + (len(value) if value else 0)
+            try:
+                produce(
+                    state.remote_topic,
+                    value,
+                    key,
+                    state.partition,
+                    on_delivery=on_delivery,
+                    timestamp=ts,
+                    headers=msg.headers(),
+                )
+            except BufferError:
+                # The target is slower than the source: wait for acknowledgements.
+                args = (state.remote_topic, value, key, state.partition)
+                kwargs = {"on_delivery": on_delivery, "timestamp": ts, "headers": msg.headers()}
+                try:
+                    sent = produce_when_room(self.producer, args, kwargs, give_up)
+                except KafkaException as exc:
+                    state.inflight.pop()
+                    self._fail_partition(state, offset, exc.args[0].str(), _size(msg))
+                    continue
+                if not sent:
+                    state.inflight.pop()
+                    return False
+            except KafkaException as exc:
+                state.inflight.pop()
+                self._fail_partition(state, offset, exc.args[0].str(), _size(msg))
+        self.producer.poll(0)
+        if self.restart_reason:
+            raise RuntimeError(self.restart_reason)
+        return True
+
+    def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
+        state = self._by_remote[(msg.topic(), msg.partition())]
+        upstream = state.inflight.popleft()
+        if err is not None:
+            if err.code() == KafkaError._MSG_TIMED_OUT:
+                # Nothing is lost: the part restarts from its last progress.
+                self.restart_reason = (
+                    f"copying {state.topic}-{state.partition} offset {upstream} to "
+                    f"{state.remote_topic} on {self.target_alias} failed: {err.str()}"
+                )
+            else:
+                self._fail_partition(state, upstream, err.str(), _size(msg))
+            return
+        if state.failure is not None:
+            return
+        downstream = msg.offset()
+        if state.syncs.on_copied(upstream, downstream):
+            self._write_sync(state, upstream, downstream)
+        state.acked = upstream
+        state.acked_downstream = downstream
+        stats = state.stats
+        stats.records += 1
+        stats.latency.observe(time.time() - msg.timestamp()[1] / 1000.0)
+
+    def _fail_partition(self, state: PartitionState, offset: int, reason: str, size: int) -> None:
+        """Stop a partition whose record the target rejected, naming the record.
+
+        The target rejects a whole batch when one record is too large, so every
+        record of the batch reports the error; the largest one is named.
+        """
+        first = state.failure is None
+        if not first and size <= state.failed_size:
+            return
+        state.failed_size = size
+        state.failure = (
+            f"target {self.target_alias} rejected record {state.topic}-{state.partition} "
+            f"offset {offset} ({size} bytes) for remote topic {state.remote_topic}: {reason}; "
+            "the partition is stopped: fix the cause and restart the flow"
+        )
+        log.error(
+            "flow %s: %s",
+            self.flow_name,
+            state.failure,
+            extra=partition_fields(state.topic, state.partition),
+        )
+        if first:
+            if self._on_partition_failed is not None:
+                self._on_partition_failed()
+            self.consumer.pause([TopicPartition(state.topic, state.partition)])
+
+    def _write_sync(self, state: PartitionState, upstream: int, downstream: int) -> None:
+        if self.syncs is not None:
+            self.syncs.write(state.topic, state.partition, upstream, downstream)
+
+    def _consume_error(self, msg: Any) -> None:
+        err = msg.error()
+        if err.fatal():
+            raise KafkaException(err)
+        log.warning(
+            "flow %s: reading %s-%s: %s",
+            self.flow_name,
+            msg.topic(),
+            msg.partition(),
+            err.str(),
+            extra=partition_fields(msg.topic(), msg.partition()),
+        )
+
+    # -- periodic work ------------------------------------------------------------
+
+    def commit_progress(self, wait_until: float | None = None) -> None:
+        """Record the acknowledged positions (and the latest offset syncs).
+
+        The writes are only submitted (`committed` advances when the target
+        acknowledges them), unless `wait_until` (a monotonic deadline) is given.
+        """
+        self.producer.poll(0)
+        changed = {}
+        for key, state in self.by_source.items():
+            if state.acked > state.submitted:
+                changed[key] = state.acked
+                state.submitted = state.acked
+                if state.syncs.on_progress(state.acked):
+                    self._write_sync(state, state.acked, state.acked_downstream)
+        if self.syncs is not None:
+            self.syncs.poll()
+        self.progress.submit(changed, self._progress_written)
+        if wait_until is not None:
+            self.progress.flush(max(wait_until - time.monotonic(), 0.1))
+
+    def _progress_written(self, where: SourcePartition, offset: int) -> None:
+        state = self.by_source[where]
+        state.committed = max(state.committed, offset)
+
+    def update_lag(self) -> None:
+        """Source end offset minus the next offset to copy, per partition."""
+        # A paused partition is not fetched, so its cached end offset would stand still.
+        cached = not self.paused
+        for state in self.by_source.values():
+            if state.gone:
+                continue
+            tp = TopicPartition(state.topic, state.partition)
+            try:
+                low, high = self.consumer.get_watermark_offsets(tp, timeout=1, cached=cached)
+            except KafkaException:
+                continue
+            if high < 0:
+                continue
+            nxt = state.acked + 1 if state.acked >= 0 else low
+            state.stats.lag = max(high - max(nxt, low), 0)
+
+    def finish(self, deadline: float) -> None:
+        """Flush what is in flight and record progress, by `deadline` (monotonic)."""
+        self.producer.flush(max(deadline - time.monotonic(), 0.1))
+        self.commit_progress(wait_until=deadline)
+        if self.syncs is not None:
+            self.syncs.flush(max(deadline - time.monotonic(), 0.1))
+
+
+def describe_partitions(tps: Sequence[TopicPartition]) -> str:
+    """`t-0, t-1` for a few partitions; `2000 partitions of 500 topics` for many."""
+    if len(tps) <= LOGGED_PARTITIONS:
+        return ", ".join(f"{tp.topic}-{tp.partition}" for tp in tps)
+    topics = len({tp.topic for tp in tps})
+    return f"{len(tps)} partitions of {topics} topics (the list is logged at DEBUG)"
+
+
+def _size(msg: Any) -> int:
+    """Key plus value bytes of a record."""
+    key, value = msg.key(), msg.value()
+    return (len(key) if key else 0) + (len(value) if value else 0)

@@ -1,0 +1,100 @@
+"""Offset syncs: the one rule for when one is written, and the one writer.
+
+Translation is exact (mm2py.compat.offsets) because of where syncs are written, per
+source partition:
+
+- at the first record copied after a (re)start,
+- wherever the distance between source and target offsets changes (a gap on either
+  side: transaction markers, aborted or compacted records on the source, another
+  writer on the target),
+- for the latest copied record whenever progress is recorded.
+
+Between two syncs the offsets advance together, so any source offset maps to the
+target offset of the first record at or after it. The daemon's copy loop and the
+backfill both follow `SyncRule`, and both write through `OffsetSyncWriter`, which
+marks each sync with mm2py's header (MM2 ignores it) so readers know the promise
+holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka.admin import AdminClient
+
+from mm2py.compat.flow import FlowRules
+from mm2py.compat.formats import CONTIGUOUS_SYNC_HEADER, OffsetSync
+from mm2py.kafka.produce import produce_when_room
+from mm2py.kafka.topics import ensure_internal_topic
+
+# Exact translation of old positions needs old syncs: compaction keeps only the
+# newest sync per partition, so keep a week of syncs out of its reach.
+OFFSET_SYNCS_TOPIC_CONFIG: Mapping[str, str] = {"min.compaction.lag.ms": str(7 * 24 * 3600 * 1000)}
+
+
+class SyncRule:
+    """When one source partition's copy needs an offset sync (pure)."""
+
+    __slots__ = ("delta", "synced")
+
+    def __init__(self) -> None:
+        self.delta: int | None = None  # source minus target offset at the last sync
+        self.synced = -1  # upstream offset of the last sync
+
+    def on_copied(self, upstream: int, downstream: int) -> bool:
+        """A record was acknowledged at `downstream`: True if it needs a sync (the first
+        record, or the distance changed). Call in source-offset order."""
+        delta = upstream - downstream
+        if delta == self.delta:
+            return False
+        self.delta = delta
+        self.synced = upstream
+        return True
+
+    def on_progress(self, upstream: int) -> bool:
+        """Progress is recorded up to `upstream`: True if that record needs a sync."""
+        if upstream <= self.synced:
+            return False
+        self.synced = upstream
+        return True
+
+
+class OffsetSyncWriter:
+    """Writes offset syncs to ``mm2-offset-syncs.<target>.internal`` (partition 0)."""
+
+    def __init__(self, producer: Any, topic: str) -> None:
+        self.topic = topic
+        self.failures: list[str] = []
+        self._producer = producer
+
+    def _delivered(self, err: Any, _msg: Any) -> None:
+        if err is not None:
+            self.failures.append(err.str())
+
+    def write(self, topic: str, partition: int, upstream: int, downstream: int) -> None:
+        """Send one sync (waits for room when the producer's queue is full)."""
+        sync = OffsetSync(topic, partition, upstream, downstream)
+        args = (self.topic, sync.encode_value(), sync.encode_key(), 0)
+        kwargs = {"headers": [CONTIGUOUS_SYNC_HEADER], "on_delivery": self._delivered}
+        produce_when_room(self._producer, args, kwargs)
+
+    def poll(self) -> None:
+        self._producer.poll(0)
+
+    def flush(self, timeout: float) -> int:
+        """Wait for the syncs sent; the number not acknowledged in time."""
+        return int(self._producer.flush(timeout))
+
+
+def ensure_offset_syncs_topic(rules: FlowRules, admin: AdminClient, cluster_alias: str) -> None:
+    """Create the flow's offset-syncs topic if missing, on the cluster of `admin` (the one
+    ``offset-syncs.topic.location`` names)."""
+    ensure_internal_topic(
+        admin,
+        cluster_alias,
+        rules.offset_syncs_topic,
+        1,
+        rules.settings.offset_syncs_topic_replication_factor,
+        OFFSET_SYNCS_TOPIC_CONFIG,
+    )

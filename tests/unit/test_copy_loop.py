@@ -1,0 +1,314 @@
+"""The copy loop's accounting against fake clients: which offset syncs it writes,
+what progress it records, what a rejected or timed-out record does.
+
+The fakes stand for librdkafka's behaviour that matters here: a producer that
+assigns target offsets and reports deliveries when polled, a consumer that hands
+out queued records. Byte equality and real delivery are the integration tests'.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, TopicPartition
+
+from mm2py.compat.formats import CONTIGUOUS_SYNC_HEADER, OffsetSync
+from mm2py.replication.client_settings import (
+    CONSUMER_REQUIRED,
+    PRODUCER_REQUIRED,
+    copy_settings,
+)
+from mm2py.replication.copy_loop import CopyLoop, NewPartition, describe_partitions
+from mm2py.replication.offset_syncs import OffsetSyncWriter, SyncRule
+from mm2py.replication.stats import ReplicationStats
+
+
+class Record:
+    """A consumed (or produced) record, shaped like confluent_kafka.Message."""
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        value: bytes | None = b"v",
+        key: bytes | None = None,
+        headers: Any = None,
+        error: KafkaError | None = None,
+    ) -> None:
+        self._topic, self._partition, self._offset = topic, partition, offset
+        self._value, self._key, self._headers, self._error = value, key, headers, error
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def headers(self) -> Any:
+        return self._headers
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1_700_000_000_000)
+
+    def error(self) -> KafkaError | None:
+        return self._error
+
+
+class FakeConsumer:
+    def __init__(self) -> None:
+        self.queued: list[Record] = []
+        self.assigned: list[TopicPartition] = []
+        self.paused: list[tuple[str, int]] = []
+
+    def consume(self, n: int, timeout: float) -> list[Record]:
+        out, self.queued = self.queued[:n], self.queued[n:]
+        return out
+
+    def poll(self, timeout: float) -> Record | None:
+        return self.queued.pop(0) if self.queued else None
+
+    def incremental_assign(self, tps: list[TopicPartition]) -> None:
+        self.assigned += tps
+
+    def incremental_unassign(self, tps: list[TopicPartition]) -> None:
+        pass
+
+    def pause(self, tps: list[TopicPartition]) -> None:
+        self.paused += [(tp.topic, tp.partition) for tp in tps]
+
+    def resume(self, tps: list[TopicPartition]) -> None:
+        pass
+
+    def list_topics(self, topic: str, timeout: float) -> None:
+        pass
+
+    def get_watermark_offsets(self, tp: TopicPartition, timeout: float, cached: bool) -> Any:
+        return (0, 100)
+
+
+class FakeProducer:
+    """Appends to target partitions; deliveries are reported on poll/flush.
+
+    `outcome(record)` may return a KafkaError to fail a delivery; `skip` makes the
+    target offsets jump (another writer, or a transaction marker on the target).
+    """
+
+    def __init__(self) -> None:
+        self.ends: dict[tuple[str, int], int] = {}
+        self.pending: list[tuple[Callable[..., None] | None, Record, KafkaError | None]] = []
+        self.written: list[Record] = []
+        self.outcome: Callable[[Record], KafkaError | None] = lambda _r: None
+        self.hold = False  # True: poll() reports nothing (acknowledgements still to come)
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        partition: int = -1,
+        on_delivery: Callable[..., None] | None = None,
+        timestamp: int = 0,
+        headers: Any = None,
+    ) -> None:
+        offset = self.ends.get((topic, partition), 0)
+        record = Record(topic, partition, offset, value, key, headers)
+        err = self.outcome(record)
+        if err is None:
+            self.ends[(topic, partition)] = offset + 1
+            self.written.append(record)
+        self.pending.append((on_delivery, record, err))
+
+    def skip(self, topic: str, partition: int, n: int) -> None:
+        self.ends[(topic, partition)] = self.ends.get((topic, partition), 0) + n
+
+    def poll(self, timeout: float = 0) -> int:
+        if self.hold:
+            return 0
+        pending, self.pending = self.pending, []
+        for callback, record, err in pending:
+            if callback is not None:
+                callback(err, record)
+        return len(pending)
+
+    def flush(self, timeout: float = 0) -> int:
+        self.poll()
+        return 0
+
+
+class FakeProgress:
+    def __init__(self) -> None:
+        self.written: dict[tuple[str, int], int] = {}
+
+    def submit(self, last_copied: dict[tuple[str, int], int], on_written: Any) -> None:
+        for where, offset in last_copied.items():
+            self.written[where] = offset
+            on_written(where, offset)
+
+    def flush(self, timeout: float) -> bool:
+        return True
+
+
+def _loop(stored: dict[tuple[str, int], int] | None = None) -> tuple[CopyLoop, FakeProducer]:
+    consumer, producer = FakeConsumer(), FakeProducer()
+    syncs = OffsetSyncWriter(FakeProducer(), "mm2-offset-syncs.B.internal")
+    loop = CopyLoop(
+        "A->B",
+        "B",
+        consumer,
+        producer,
+        FakeProgress(),  # type: ignore[arg-type]
+        syncs,
+        ReplicationStats("A", "B"),
+        stored or {},
+    )
+    return loop, producer
+
+
+def _queue(loop: CopyLoop, *offsets: int, topic: str = "t", partition: int = 0) -> None:
+    loop.consumer.queued += [Record(topic, partition, o) for o in offsets]
+
+
+def _syncs(loop: CopyLoop) -> list[tuple[str, int, int, int]]:
+    """The offset syncs written, decoded, in order."""
+    assert loop.syncs is not None
+    fake: FakeProducer = loop.syncs._producer
+    fake.poll()
+    out = []
+    for record in fake.written:
+        assert record.headers() == [CONTIGUOUS_SYNC_HEADER]
+        assert record.topic() == "mm2-offset-syncs.B.internal" and record.partition() == 0
+        sync = OffsetSync.decode(record.key(), record.value())
+        out.append((sync.topic, sync.partition, sync.upstream_offset, sync.downstream_offset))
+    return out
+
+
+def _never() -> bool:
+    return False
+
+
+def test_contiguous_records_need_the_first_sync_and_the_latest_at_progress() -> None:
+    loop, producer = _loop()
+    loop.assign([NewPartition("t", 0, "A.t")], {("t", 0): 10})
+    assert loop.consumer.assigned[0].offset == 10  # the log start looked up outside
+    _queue(loop, 10, 11, 12, 13)
+    assert loop.copy_batch(_never)
+    producer.poll()
+    loop.commit_progress()
+    assert _syncs(loop) == [("t", 0, 10, 0), ("t", 0, 13, 3)]
+    assert loop.progress.written == {("t", 0): 13}  # type: ignore[attr-defined]
+    assert [r.offset() for r in producer.written] == [0, 1, 2, 3]
+    assert loop.stats.partition("A.t", 0).records == 4
+
+
+def test_a_gap_on_either_side_writes_a_sync_where_the_distance_changes() -> None:
+    loop, producer = _loop()
+    loop.assign([NewPartition("t", 0, "A.t")], {})
+    _queue(loop, 0, 1, 5, 6)  # 2..4: an aborted transaction and its marker on the source
+    loop.copy_batch(_never)
+    producer.poll()
+    producer.skip("A.t", 0, 3)  # another writer's records on the target
+    _queue(loop, 7)
+    loop.copy_batch(_never)
+    producer.poll()
+    loop.commit_progress()
+    assert _syncs(loop) == [("t", 0, 0, 0), ("t", 0, 5, 2), ("t", 0, 7, 7)]
+
+
+def test_progress_counts_only_acknowledged_records_and_resumes_after_stored_progress() -> None:
+    loop, producer = _loop(stored={("t", 0): 41})
+    loop.assign([NewPartition("t", 0, "A.t")], {("t", 0): 0})
+    assert loop.consumer.assigned[0].offset == 42  # after the stored progress
+    _queue(loop, 42, 43, 44)
+    producer.hold = True
+    loop.copy_batch(_never)
+    # Acknowledge the first two only.
+    first_two, producer.pending = producer.pending[:2], producer.pending[2:]
+    for callback, record, err in first_two:
+        assert callback is not None
+        callback(err, record)
+    loop.commit_progress()
+    assert loop.progress.written == {("t", 0): 43}  # type: ignore[attr-defined]
+    producer.hold = False
+    producer.poll()
+    loop.commit_progress()
+    assert loop.progress.written == {("t", 0): 44}  # type: ignore[attr-defined]
+
+
+def test_a_rejected_record_stops_its_partition_naming_it_while_others_go_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    loop, producer = _loop()
+    failures: list[int] = []
+    loop._on_partition_failed = lambda: failures.append(1)
+    too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    producer.outcome = lambda r: too_large if r.topic() == "A.big" else None
+    loop.assign([NewPartition("big", 0, "A.big"), NewPartition("t", 0, "A.t")], {})
+    _queue(loop, 0, topic="big")
+    _queue(loop, 0, 1)
+    with caplog.at_level(logging.ERROR):
+        loop.copy_batch(_never)
+        producer.poll()
+    failed = loop.failed_partitions()
+    assert list(failed) == ["A.big-0"]
+    assert "rejected record big-0 offset 0" in failed["A.big-0"]
+    assert ("big", 0) in loop.consumer.paused and failures == [1]
+    loop.commit_progress()
+    assert loop.progress.written == {("t", 0): 1}  # type: ignore[attr-defined]
+
+
+def test_a_timed_out_delivery_ends_the_loop_for_a_restart_from_progress() -> None:
+    loop, producer = _loop()
+    producer.outcome = lambda r: KafkaError(KafkaError._MSG_TIMED_OUT)
+    loop.assign([NewPartition("t", 0, "A.t")], {})
+    _queue(loop, 0)
+    with pytest.raises(RuntimeError, match=r"copying t-0 offset 0 to A\.t on B failed"):
+        loop.copy_batch(_never)  # its delivery report comes when the batch polls
+    loop.commit_progress()
+    assert loop.progress.written == {}  # type: ignore[attr-defined]
+
+
+def test_sync_rule_alone() -> None:
+    rule = SyncRule()
+    assert rule.on_copied(5, 0)  # the first record
+    assert not rule.on_copied(6, 1)
+    assert rule.on_copied(9, 2)  # distance changed
+    assert rule.on_progress(12)  # latest at a progress commit
+    assert not rule.on_progress(12)
+    assert not rule.on_copied(13, 6)  # same distance as the last sync: 9 - 2 = 7
+
+
+def test_many_partitions_are_counted_not_listed() -> None:
+    tps = [TopicPartition(f"t{i}", p) for i in range(500) for p in range(4)]
+    assert describe_partitions(tps) == (
+        "2000 partitions of 500 topics (the list is logged at DEBUG)"
+    )
+    assert describe_partitions(tps[:2]) == "t0-0, t0-1"
+
+
+def test_client_settings_user_wins_over_tuning_and_correctness_is_enforced(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    props = {"bootstrap.servers": "x", "linger.ms": "20", "acks": "1"}
+    with caplog.at_level(logging.WARNING):
+        first = copy_settings(props, {"linger.ms": 1, "batch.size": 5}, PRODUCER_REQUIRED, "w1")
+        again = copy_settings(props, {"linger.ms": 1}, PRODUCER_REQUIRED, "w1")
+    assert "linger.ms" not in first  # the user's 20 stays
+    assert first["batch.size"] == 5 and first["acks"] == "all" and again["acks"] == "all"
+    assert first["enable.idempotence"] is True
+    warnings = [r.getMessage() for r in caplog.records if "acks" in r.getMessage()]
+    assert len(warnings) == 1 and "w1" in warnings[0] and "acks = all" in warnings[0]
+    consumer = copy_settings({"isolation.level": "read_committed"}, {}, CONSUMER_REQUIRED, "c")
+    assert consumer["isolation.level"] == "read_committed"
