@@ -117,7 +117,7 @@ def run_backfill(
     source_admin = clients.admin_client(source.librdkafka("admin"))
     target_admin = clients.admin_client(target.librdkafka("admin"))
     try:
-        counts = partition_counts(source_admin)
+        counts = partition_counts(source_admin, rules.settings.admin_timeout)
     except KafkaException as exc:
         raise BackfillError(f"listing the topics of cluster {flow.source}: {exc}") from None
     topics = {
@@ -148,6 +148,7 @@ def run_backfill(
             flow.source,
             flow.offsets_topic,
             rules.settings.offset_storage_replication_factor,
+            rules.settings.offset_storage_partitions,
         )
     except TopicAdminError as exc:
         raise BackfillError(str(exc)) from None
@@ -206,7 +207,7 @@ def _ensure_remote_topics(
 ) -> None:
     """Create or grow the remote topics, with the source's synced configs (as the daemon)."""
     try:
-        existing = partition_counts(target_admin)
+        existing = partition_counts(target_admin, rules.settings.admin_timeout)
     except KafkaException as exc:
         raise BackfillError(f"listing the topics of cluster {flow.target}: {exc}") from None
     result = ensure_remote_topics(
@@ -220,7 +221,8 @@ def _ensure_remote_topics(
     if result.failed:
         raise BackfillError(next(iter(result.failed.values())))
     try:
-        await_topics(target_admin, flow.target, {remote_of[t]: n for t, n in topics.items()})
+        wanted = {remote_of[t]: n for t, n in topics.items()}
+        await_topics(target_admin, flow.target, wanted, rules.settings.admin_timeout)
     except TopicAdminError as exc:
         raise BackfillError(str(exc)) from None
 

@@ -26,7 +26,10 @@ class TopicConfigs:
 
 
 def describe_topic_configs(
-    admin: AdminClient, cluster_alias: str, topics: Iterable[str]
+    admin: AdminClient,
+    cluster_alias: str,
+    topics: Iterable[str],
+    timeout: float = ADMIN_TIMEOUT,
 ) -> TopicConfigs:
     """Each topic's configuration in one DescribeConfigs request (never raises)."""
     resources = [ConfigResource(ResourceType.TOPIC, t) for t in sorted(set(topics))]
@@ -34,14 +37,14 @@ def describe_topic_configs(
     if not resources:
         return out
     try:
-        futures = admin.describe_configs(resources, request_timeout=ADMIN_TIMEOUT)
+        futures = admin.describe_configs(resources, request_timeout=timeout)
     except KafkaException as exc:
         reason = f"cannot read topic configs on cluster {cluster_alias}: {error_text(exc)}"
         out.unreadable = {r.name: reason for r in resources}
         return out
     for resource, future in futures.items():
         try:
-            entries: Mapping[str, Any] = future.result(timeout=ADMIN_TIMEOUT)
+            entries: Mapping[str, Any] = future.result(timeout=timeout)
         except KafkaException as exc:
             out.unreadable[resource.name] = (
                 f"cannot read the configs of topic {resource.name!r} on cluster "

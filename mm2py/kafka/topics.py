@@ -18,7 +18,8 @@ from confluent_kafka.cimpl import NewPartitions, NewTopic
 
 log = logging.getLogger(__name__)
 
-ADMIN_TIMEOUT = 30.0
+# The default for admin requests; flows pass their `admin.timeout.ms` (MM2: 60 s).
+ADMIN_TIMEOUT = 60.0
 
 
 class TopicAdminError(RuntimeError):
@@ -92,7 +93,10 @@ def await_topics(
 
 
 def list_offsets(
-    admin: AdminClient, cluster_alias: str, specs: Mapping[TopicPartition, Any]
+    admin: AdminClient,
+    cluster_alias: str,
+    specs: Mapping[TopicPartition, Any],
+    timeout: float = ADMIN_TIMEOUT,
 ) -> dict[tuple[str, int], int]:
     """Offsets by (topic, partition) for OffsetSpecs, as a read_committed consumer sees them.
 
@@ -101,12 +105,12 @@ def list_offsets(
     if not specs:
         return {}
     futures = admin.list_offsets(
-        dict(specs), isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=ADMIN_TIMEOUT
+        dict(specs), isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout
     )
     out: dict[tuple[str, int], int] = {}
     for tp, future in futures.items():
         try:
-            out[(tp.topic, tp.partition)] = int(future.result(timeout=ADMIN_TIMEOUT).offset)
+            out[(tp.topic, tp.partition)] = int(future.result(timeout=timeout).offset)
         except KafkaException as exc:
             raise TopicAdminError(
                 f"reading the offsets of {tp.topic}-{tp.partition} on cluster {cluster_alias}: "
@@ -126,7 +130,10 @@ class TopicSpec:
 
 
 def create_topics(
-    admin: AdminClient, cluster_alias: str, specs: Sequence[TopicSpec]
+    admin: AdminClient,
+    cluster_alias: str,
+    specs: Sequence[TopicSpec],
+    timeout: float = ADMIN_TIMEOUT,
 ) -> tuple[list[str], dict[str, TopicAdminError]]:
     """Create topics in one CreateTopics request: (created, failures by topic).
 
@@ -146,11 +153,11 @@ def create_topics(
     by_name = {s.name: s for s in specs}
     created: list[str] = []
     failed: dict[str, TopicAdminError] = {}
-    futures = admin.create_topics(new, request_timeout=ADMIN_TIMEOUT)
+    futures = admin.create_topics(new, request_timeout=timeout)
     for name, future in futures.items():
         spec = by_name[name]
         try:
-            future.result(timeout=ADMIN_TIMEOUT)
+            future.result(timeout=timeout)
         except KafkaException as exc:
             err = exc.args[0]
             if err.name() != "TOPIC_ALREADY_EXISTS":
@@ -187,28 +194,32 @@ def create_topic(
     partitions: int,
     replication_factor: int,
     config: Mapping[str, str] | None = None,
+    timeout: float = ADMIN_TIMEOUT,
 ) -> bool:
     """Create a topic; False if it already exists. Raises TopicAdminError otherwise."""
     spec = TopicSpec(name, partitions, replication_factor, dict(config or {}))
-    created, failed = create_topics(admin, cluster_alias, [spec])
+    created, failed = create_topics(admin, cluster_alias, [spec], timeout)
     if name in failed:
         raise failed[name]
     return bool(created)
 
 
 def grow_topics(
-    admin: AdminClient, cluster_alias: str, counts: Mapping[str, int]
+    admin: AdminClient,
+    cluster_alias: str,
+    counts: Mapping[str, int],
+    timeout: float = ADMIN_TIMEOUT,
 ) -> dict[str, TopicAdminError]:
     """Raise topics' partition counts in one CreatePartitions request: failures by topic."""
     if not counts:
         return {}
     futures = admin.create_partitions(
-        [NewPartitions(name, n) for name, n in counts.items()], request_timeout=ADMIN_TIMEOUT
+        [NewPartitions(name, n) for name, n in counts.items()], request_timeout=timeout
     )
     failed: dict[str, TopicAdminError] = {}
     for name, future in futures.items():
         try:
-            future.result(timeout=ADMIN_TIMEOUT)
+            future.result(timeout=timeout)
         except KafkaException as exc:
             failed[name] = TopicAdminError(
                 f"cannot add partitions to topic {name!r} on cluster {cluster_alias} "
@@ -219,9 +230,15 @@ def grow_topics(
     return failed
 
 
-def grow_topic(admin: AdminClient, cluster_alias: str, name: str, partitions: int) -> None:
+def grow_topic(
+    admin: AdminClient,
+    cluster_alias: str,
+    name: str,
+    partitions: int,
+    timeout: float = ADMIN_TIMEOUT,
+) -> None:
     """Raise a topic's partition count to `partitions`."""
-    failed = grow_topics(admin, cluster_alias, {name: partitions})
+    failed = grow_topics(admin, cluster_alias, {name: partitions}, timeout)
     if name in failed:
         raise failed[name]
 
@@ -233,6 +250,7 @@ def ensure_internal_topic(
     partitions: int,
     replication_factor: int,
     extra_config: Mapping[str, str] | None = None,
+    timeout: float = ADMIN_TIMEOUT,
 ) -> None:
     """Create one of MM2's compacted internal topics if it is missing."""
     create_topic(
@@ -242,4 +260,5 @@ def ensure_internal_topic(
         partitions,
         replication_factor,
         {"cleanup.policy": "compact", **(extra_config or {})},
+        timeout,
     )

@@ -34,7 +34,9 @@ from mm2py.replication.stats import PartitionStats, ReplicationStats
 log = logging.getLogger(__name__)
 
 BATCH_SIZE = 5000
-POLL_TIMEOUT = 0.1
+# While records await acknowledgement, wait at most this long for new ones: their
+# delivery reports (progress, offset syncs, latency) are served between batches.
+ACK_POLL_TIMEOUT = 0.1
 LEARN_TOPIC_TIMEOUT = 2.0
 # Show at most this many partitions in an INFO line; the whole list goes to DEBUG.
 LOGGED_PARTITIONS = 20
@@ -86,7 +88,10 @@ class CopyLoop:
         stats: ReplicationStats,
         stored: Mapping[SourcePartition, int],
         on_partition_failed: Callable[[], None] | None = None,
+        poll_timeout: float = 1.0,
     ) -> None:
+        """`poll_timeout`: the longest wait for records when nothing is in flight
+        (``consumer.poll.timeout.ms``)."""
         self.flow_name = flow_name
         self.target_alias = target_alias
         self.consumer = consumer
@@ -96,6 +101,8 @@ class CopyLoop:
         self.stats = stats
         self._stored = dict(stored)  # progress found at start
         self._on_partition_failed = on_partition_failed
+        self._poll_timeout = poll_timeout
+        self._ack_poll_timeout = min(poll_timeout, ACK_POLL_TIMEOUT)
         self.by_source: dict[SourcePartition, PartitionState] = {}
         self._by_remote: dict[tuple[str, int], PartitionState] = {}
         # Set (from any thread) when the loop must end so that the part restarts.
@@ -208,7 +215,8 @@ class CopyLoop:
     # -- copying ------------------------------------------------------------------
 
     def copy_batch(self, give_up: Callable[[], bool]) -> bool:
-        """Copy what the source has now (waits up to POLL_TIMEOUT for a first record).
+        """Copy what the source has now (waits for a first record up to the poll timeout,
+        or ACK_POLL_TIMEOUT while records await acknowledgement).
 
         False when `give_up()` said to stop while the target's queue was full (the
         record then waiting was not sent: progress, acknowledged records only, stays
@@ -217,7 +225,8 @@ class CopyLoop:
         by_source = self.by_source
         produce = self.producer.produce
         on_delivery = self._on_delivery
-        msgs = consume_batch(self.consumer, BATCH_SIZE, POLL_TIMEOUT)
+        wait = self._ack_poll_timeout if len(self.producer) else self._poll_timeout
+        msgs = consume_batch(self.consumer, BATCH_SIZE, wait)
         wall = time.time()
         for msg in msgs:
             if msg.error() is not None:

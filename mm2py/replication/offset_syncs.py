@@ -97,4 +97,5 @@ def ensure_offset_syncs_topic(rules: FlowRules, admin: AdminClient, cluster_alia
         1,
         rules.settings.offset_syncs_topic_replication_factor,
         OFFSET_SYNCS_TOPIC_CONFIG,
+        rules.settings.admin_timeout,
     )

@@ -41,7 +41,10 @@ class ProgressStore:
         source_alias: str,
         topic: str,
         replication_factor: int,
+        partitions: int = DEFAULT_OFFSET_STORAGE_PARTITIONS,
     ) -> None:
+        """`partitions` and `replication_factor` are used only when the topic is created
+        (``offset.storage.partitions``, -1 for the broker's default; MM2: 25)."""
         self.topic = topic
         self.source_alias = source_alias
         self._props = target_props
@@ -50,7 +53,7 @@ class ProgressStore:
             self._admin,
             target_alias,
             self.topic,
-            DEFAULT_OFFSET_STORAGE_PARTITIONS,
+            partitions,
             replication_factor,
         )
         self.partitions = await_partitions(self._admin, target_alias, self.topic)

@@ -69,7 +69,9 @@ def ensure_remote_topics(
     source_of = {remote: t for t, remote in remote_of.items()}
     plan = plan_remote_topics({remote_of[t]: n for t, n in topics.items()}, target_counts)
     result = RemoteTopicsResult()
-    configs = describe_topic_configs(source_admin, flow.source, [source_of[r] for r in plan.create])
+    timeout = rules.settings.admin_timeout
+    creating = [source_of[r] for r in plan.create]
+    configs = describe_topic_configs(source_admin, flow.source, creating, timeout)
     for topic, reason in configs.unreadable.items():
         result.failed[topic] = f"{reason}; not creating {remote_of[topic]} yet"
     specs = [
@@ -82,8 +84,8 @@ def ensure_remote_topics(
         for remote, partitions in sorted(plan.create.items())
         if source_of[remote] in configs.found
     ]
-    _created, create_failed = create_topics(target_admin, flow.target, specs)
-    grow_failed = grow_topics(target_admin, flow.target, plan.grow)
+    _created, create_failed = create_topics(target_admin, flow.target, specs, timeout)
+    grow_failed = grow_topics(target_admin, flow.target, plan.grow, timeout)
     for remote, exc in {**create_failed, **grow_failed}.items():
         result.failed[source_of[remote]] = str(exc)
     # Created, grown, or created meanwhile by someone else (it exists: not a failure).

@@ -131,6 +131,9 @@ class FakeProducer:
             self.written.append(record)
         self.pending.append((on_delivery, record, err))
 
+    def __len__(self) -> int:
+        return len(self.pending)
+
     def skip(self, topic: str, partition: int, n: int) -> None:
         self.ends[(topic, partition)] = self.ends.get((topic, partition), 0) + n
 

@@ -57,14 +57,15 @@ class TopicDiscovery:
         self._stored = stored
         self._config_filter = ConfigPropertyFilter(rules.settings.config_properties_exclude)
         self._discovered: set[SourcePartition] = set()
+        self._timeout = rules.settings.admin_timeout
 
     def refresh(self) -> TopicChanges:
         """Create or grow remote topics; say which partitions are new and which are gone."""
         rules = self.rules
         flow = rules.flow
         try:
-            source_counts = partition_counts(self._source_admin)
-            target_counts = partition_counts(self._target_admin)
+            source_counts = partition_counts(self._source_admin, self._timeout)
+            target_counts = partition_counts(self._target_admin, self._timeout)
         except KafkaException as exc:
             log.warning("flow %s: listing topics failed, retrying later: %s", flow.name, exc)
             return TopicChanges([], [])
@@ -82,7 +83,7 @@ class TopicDiscovery:
         ready = set(result.ready)
         if result.changed:
             try:
-                await_topics(self._producer, flow.target, result.changed)
+                await_topics(self._producer, flow.target, result.changed, self._timeout)
             except TopicAdminError as exc:
                 log.error("flow %s: %s", flow.name, exc)
                 ready -= {t for t in ready if rules.remote_topic(t) in result.changed}
@@ -113,7 +114,7 @@ class TopicDiscovery:
             if (p.topic, p.partition) not in self._stored
         }
         try:
-            return list_offsets(self._source_admin, self.rules.flow.source, wanted)
+            return list_offsets(self._source_admin, self.rules.flow.source, wanted, self._timeout)
         except Exception as exc:  # a look-up only: the partitions are copied either way
             log.warning(
                 "flow %s: reading start offsets failed (%s); starting at the beginning",

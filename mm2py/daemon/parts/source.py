@@ -120,6 +120,7 @@ class SourcePart(FlowPart):
             flow.source,
             flow.offsets_topic,
             rules.settings.offset_storage_replication_factor,
+            rules.settings.offset_storage_partitions,
         )
         stored = progress.load()
         syncs = self._open_sync_writer(source_admin, target_admin)
@@ -158,6 +159,7 @@ class SourcePart(FlowPart):
             self.stats,
             stored,
             on_partition_failed=self.errors.inc,
+            poll_timeout=rules.settings.consumer_poll_timeout,
         )
         self._loop = loop
         discovery = TopicDiscovery(rules, source_admin, target_admin, producer, set(stored))
