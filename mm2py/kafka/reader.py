@@ -21,8 +21,9 @@ MM2's KafkaBasedLog does for Connect):
 - Records of partitions no longer assigned (left in the consumer's queue before a
   `clear()`) are never handed over.
 
-Failures raise `ReaderError`, whose message names the topic, partition and cluster;
-running out of time raises `ReaderTimeout` (also a `TimeoutError`). A non-fatal
+Failures raise `ReaderError` (an `Mm2pyError`: the CLI prints it as one line), whose
+message names the topic, partition and cluster; running out of time raises
+`ReaderTimeout` (also a `TimeoutError`). A non-fatal
 error of the client as a whole (a broker connection lost) is left to librdkafka,
 which retries; it goes to `on_error` when one is given and is named in a timeout's
 message.
@@ -38,6 +39,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
+from mm2py.errors import Mm2pyError
 from mm2py.kafka import clients
 
 log = logging.getLogger(__name__)
@@ -64,17 +66,20 @@ READER_SETTINGS: dict[str, Any] = {
     "fetch.wait.max.ms": 100,  # at the tail, answer fast rather than wait for bytes
 }
 
-# A topic created a moment ago has no leader yet for a short while.
+# A topic created a moment ago has no leader yet for a short while, and the client's
+# metadata may not show its partitions yet.
 _LEADER_PENDING = frozenset(
     {
         KafkaError.NOT_LEADER_FOR_PARTITION,
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._UNKNOWN_TOPIC,
     }
 )
 
 
-class ReaderError(RuntimeError):
+class ReaderError(Mm2pyError, RuntimeError):
     """Reading a topic failed; the message names the topic, partition and cluster."""
 
 

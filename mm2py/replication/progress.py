@@ -13,8 +13,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
-
 from mm2py.compat.formats import (
     DEFAULT_OFFSET_STORAGE_PARTITIONS,
     SOURCE_CONNECTOR_NAME,
@@ -24,6 +22,7 @@ from mm2py.compat.formats import (
     partition_for_key,
 )
 from mm2py.kafka import clients
+from mm2py.kafka.reader import TopicReader
 from mm2py.kafka.topics import await_partitions, ensure_internal_topic
 
 log = logging.getLogger(__name__)
@@ -47,6 +46,7 @@ class ProgressStore:
         (``offset.storage.partitions``, -1 for the broker's default; MM2: 25)."""
         self.topic = topic
         self.source_alias = source_alias
+        self.target_alias = target_alias
         self._props = target_props
         self._admin = clients.admin_client(target_props)
         ensure_internal_topic(
@@ -62,35 +62,20 @@ class ProgressStore:
         )
 
     def load(self, timeout: float = 60.0) -> dict[SourcePartition, int]:
-        """Every recorded last-copied offset for this source cluster, read to the end."""
-        consumer = clients.consumer(self._props, {"enable.partition.eof": True})
-        try:
-            deadline = time.monotonic() + timeout
-            ends: dict[int, int] = {}
-            for p in range(self.partitions):
-                low, high = _watermarks(consumer, TopicPartition(self.topic, p), deadline)
-                if high > low:
-                    ends[p] = high
-            if not ends:
-                return {}
-            consumer.assign([TopicPartition(self.topic, p, 0) for p in ends])
-            found: dict[SourcePartition, int] = {}
-            while ends and time.monotonic() < deadline:
-                batch: list[Any] = consumer.consume(1000, 0.5)
-                for msg in batch:
-                    if msg.error():
-                        if msg.error().code() == -191:  # partition EOF
-                            ends.pop(msg.partition(), None)
-                            continue
-                        raise RuntimeError(f"reading {self.topic}: {msg.error().str()}")
-                    self._apply(found, msg.key(), msg.value())
-                    if msg.offset() + 1 >= ends.get(msg.partition(), 0):
-                        ends.pop(msg.partition(), None)
-            if ends:
-                raise TimeoutError(f"could not read {self.topic} to its end in {timeout}s")
-            return found
-        finally:
-            consumer.close()
+        """Every recorded last-copied offset for this source cluster, read to the end.
+
+        Raises ReaderError naming the topic and cluster when it cannot be read
+        (ReaderTimeout, also a TimeoutError, after `timeout` seconds).
+        """
+        found: dict[SourcePartition, int] = {}
+        deadline = time.monotonic() + timeout
+        with TopicReader(self._props, self.target_alias) as reader:
+            reader.add_topic(self.topic, self.partitions, timeout)
+            reader.read_to_end(
+                lambda msg: self._apply(found, msg.key(), msg.value()),
+                max(deadline - time.monotonic(), 0.0),
+            )
+        return found
 
     def _apply(
         self, found: dict[SourcePartition, int], key: bytes | None, value: bytes | None
@@ -145,24 +130,3 @@ class ProgressStore:
 
     def close(self) -> None:
         self._producer.flush(5)
-
-
-_LEADER_PENDING = {
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-}
-
-
-def _watermarks(consumer: Any, tp: TopicPartition, deadline: float) -> tuple[int, int]:
-    """Low and high watermark, retrying while a just-created topic gets its leader."""
-    while True:
-        try:
-            low, high = consumer.get_watermark_offsets(tp, timeout=10)
-            return int(low), int(high)
-        except KafkaException as exc:
-            err = exc.args[0]
-            transient = err.retriable() or err.code() in _LEADER_PENDING
-            if not transient or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
