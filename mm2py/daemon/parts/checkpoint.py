@@ -55,6 +55,7 @@ from mm2py.compat.policy import checkpoint_topic
 from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.daemon.metrics import Metrics
 from mm2py.daemon.part import FlowPart
+from mm2py.daemon.scheduler import Scheduler
 from mm2py.kafka import clients
 from mm2py.kafka.groups import (
     ADMIN_TIMEOUT,
@@ -73,6 +74,7 @@ log = logging.getLogger(__name__)
 POLL_TIMEOUT = 0.2
 # How often to look again for an offset-syncs topic that does not exist yet.
 SYNCS_RETRY_INTERVAL = 2.0
+OPEN_SYNCS = "reading offset syncs"
 
 CHECKPOINT_PRODUCER: dict[str, Any] = {"acks": "all", "linger.ms": 5}
 
@@ -212,49 +214,57 @@ class CheckpointPart(FlowPart):
 
     def _loop(self) -> None:
         s = self.rules.settings
-        emit_every = s.period("emit.checkpoints") or 60
-        refresh_every = s.period("refresh.groups")
-        sync_every = s.period("sync.group.offsets")
-        now = time.monotonic()
-        next_refresh = next_emit = now
-        next_group_sync = now + (sync_every or 0)
-        next_syncs_try = now
+        self._started = time.monotonic()
+        self._scheduler = Scheduler(f"flow {self.flow.name}", self.errors)
+        self._scheduler.add(OPEN_SYNCS, self._open_syncs, SYNCS_RETRY_INTERVAL)
+        # MM2 loads the groups once even when refreshing is disabled.
+        self._scheduler.add(
+            "finding consumer groups", self._find_groups, s.period("refresh.groups")
+        )
         while not self.stopping.is_set():
-            now = time.monotonic()
-            if not self._syncs_ready and now >= next_syncs_try:
-                self._open_syncs()
-                next_syncs_try = now + SYNCS_RETRY_INTERVAL
-            if now >= next_refresh:
-                self.groups = self._find_groups()
-                # MM2 loads the groups once even when refreshing is disabled.
-                next_refresh = now + refresh_every if refresh_every else float("inf")
-            if self._syncs_ready and now >= next_emit:
-                self._emit_checkpoints()
-                next_emit = now + emit_every
-            if sync_every and self._syncs_ready and now >= next_group_sync:
-                self._sync_group_offsets()
-                next_group_sync = now + sync_every
+            wait = min(self._scheduler.run_due(), POLL_TIMEOUT)
             if self._syncs_ready:
-                self._sync_tail.poll(POLL_TIMEOUT)
+                self._sync_tail.poll(wait)
             else:
-                self.stopping.wait(POLL_TIMEOUT)
+                self.stopping.wait(wait)
 
     def _open_syncs(self) -> None:
-        """Read the offset syncs to their end once; until then nothing is translated."""
+        """Read the offset syncs to their end once; until then nothing is translated.
+
+        Once they are read, checkpoints are emitted (and group offsets synced).
+        """
         tail = self._sync_tail
         self._syncs_ready = tail.open(self.stopping.is_set)
-        if not self._syncs_ready and not self.stopping.is_set() and not self._told_no_syncs:
-            log.info(
-                "flow %s: no offset syncs yet (%s on %s); checkpoints wait for them",
-                self.flow.name,
-                tail.topic,
-                tail.cluster_alias,
+        if not self._syncs_ready:
+            if not self.stopping.is_set() and not self._told_no_syncs:
+                log.info(
+                    "flow %s: no offset syncs yet (%s on %s); checkpoints wait for them",
+                    self.flow.name,
+                    tail.topic,
+                    tail.cluster_alias,
+                )
+                self._told_no_syncs = True
+            return
+        s, scheduler = self.rules.settings, self._scheduler
+        scheduler.remove(OPEN_SYNCS)
+        scheduler.add(
+            "emitting checkpoints", self._emit_checkpoints, s.period("emit.checkpoints") or 60
+        )
+        sync_every = s.period("sync.group.offsets")
+        if sync_every:
+            # The first sync is one interval after the part started, as if it had waited
+            # for the syncs all along.
+            first = max(self._started + sync_every - time.monotonic(), 0.0)
+            scheduler.add(
+                "syncing group offsets", self._sync_group_offsets, sync_every, delay=first
             )
-            self._told_no_syncs = True
 
     # -- groups ----------------------------------------------------------------
 
-    def _find_groups(self) -> set[str]:
+    def _find_groups(self) -> None:
+        self.groups = self._checkpointed_groups()
+
+    def _checkpointed_groups(self) -> set[str]:
         """Groups passing the group filter with offsets on a topic passing the topic filter."""
         rules, flow = self.rules, self.flow
         try:

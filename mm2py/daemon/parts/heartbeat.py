@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException
 
 from mm2py.compat.flow import FlowRules
 from mm2py.compat.formats import Heartbeat
@@ -47,7 +47,9 @@ from mm2py.compat.policy import ReplicationPolicy, count_hops
 from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.daemon.metrics import Metrics
 from mm2py.daemon.part import Part
+from mm2py.daemon.scheduler import Scheduler
 from mm2py.kafka import clients
+from mm2py.kafka.reader import ReaderError, TopicReader
 from mm2py.kafka.topics import ensure_internal_topic, partition_counts
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,7 @@ log = logging.getLogger(__name__)
 # (the newest heartbeat is among the last few), and the longest wait for records.
 TAIL_RECORDS = 100
 POLL_TIMEOUT = 0.2
+WATERMARK_TIMEOUT = 10.0
 # How often new heartbeats topics are looked for when topic refresh is disabled.
 DEFAULT_TOPIC_REFRESH = 600.0
 STOP_FLUSH_TIMEOUT = 5.0
@@ -63,9 +66,7 @@ STOP_FLUSH_TIMEOUT = 5.0
 PRODUCER_TUNING: dict[str, Any] = {"acks": "all", "linger.ms": 0}
 CONSUMER_TUNING: dict[str, Any] = {
     "isolation.level": "read_committed",
-    "enable.auto.commit": False,
     "enable.auto.offset.store": False,
-    "fetch.wait.max.ms": 100,
 }
 
 
@@ -137,32 +138,29 @@ class HeartbeatPart(Part):
         self._admin = clients.admin_client(self.target.librdkafka("admin"))
         self._ensure_topic()
         self._producer = clients.producer(self.target.librdkafka("producer"), PRODUCER_TUNING)
-        self._consumer: Any = None
-        self._assigned: set[tuple[str, int]] = set()
+        self._reader: TopicReader | None = None
+        self._watched: set[tuple[str, int]] = set()  # partitions this run's reader reads
         if self.watch:
-            self._consumer = clients.consumer(self.target.librdkafka("consumer"), CONSUMER_TUNING)
+            self._reader = TopicReader(
+                self.target.librdkafka("consumer"), self.flow.target, CONSUMER_TUNING
+            )
         try:
             self._loop()
         finally:
             self._shutdown()
 
     def _loop(self) -> None:
-        now = time.monotonic()
-        next_emit = now
-        next_refresh = now
+        scheduler = Scheduler(f"flow {self.flow.name}", self.errors)
+        # MM2 sleeps one interval between heartbeats; the scheduler never emits bursts
+        # to catch up.
+        scheduler.add("emitting heartbeats", self._emit, self.interval)
+        if self._reader is not None:
+            scheduler.add("finding heartbeats topics", self._refresh_topics, self.refresh_interval)
         while not self.stopping.is_set():
-            now = time.monotonic()
-            if now >= next_emit:
-                self._emit()
-                # MM2 sleeps one interval between heartbeats; never emit bursts to catch up.
-                next_emit = max(next_emit + self.interval, now)
-            if self._consumer is not None and now >= next_refresh:
-                self._refresh_topics()
-                next_refresh = now + self.refresh_interval
+            wait = scheduler.run_due()
             self._producer.poll(0)
-            wait = max(next_emit - time.monotonic(), 0.0)
-            if self._consumer is not None:
-                self._read(min(wait, POLL_TIMEOUT))
+            if self._reader is not None:
+                self._reader.read(self._on_record, min(wait, POLL_TIMEOUT), on_error=self._on_error)
             else:
                 self.stopping.wait(wait)
 
@@ -210,13 +208,16 @@ class HeartbeatPart(Part):
     # -- watching -----------------------------------------------------------------
 
     def _refresh_topics(self) -> None:
-        """Assign every partition of every heartbeats topic not read yet, at its tail."""
+        """Read every partition of every heartbeats topic not read yet, from its tail."""
+        reader = self._reader
+        if reader is None:
+            return
         try:
             counts = partition_counts(self._admin)
         except KafkaException as exc:
             log.warning("flow %s: listing topics failed, retrying later: %s", self.flow.name, exc)
             return
-        new: list[TopicPartition] = []
+        new: dict[tuple[str, int], int] = {}
         for topic, partitions in sorted(counts.items()):
             path = self._paths.get(topic)
             if path is None:
@@ -225,22 +226,21 @@ class HeartbeatPart(Part):
                     continue
                 self._paths[topic] = path
             for partition in range(partitions):
-                if (topic, partition) in self._assigned:
+                if (topic, partition) in self._watched:
                     continue
-                tp = TopicPartition(topic, partition)
                 try:
-                    low, high = self._consumer.get_watermark_offsets(tp, timeout=10)
-                except KafkaException as exc:
-                    log.warning("flow %s: %s-%d: %s", self.flow.name, topic, partition, exc)
+                    low, high = reader.watermarks(topic, partition, WATERMARK_TIMEOUT)
+                except ReaderError as exc:
+                    log.warning("flow %s: %s", self.flow.name, exc)
                     continue
-                new.append(TopicPartition(topic, partition, max(low, high - TAIL_RECORDS)))
-                self._assigned.add((topic, partition))
+                new[(topic, partition)] = max(low, high - TAIL_RECORDS)
+                self._watched.add((topic, partition))
         if new:
-            self._consumer.incremental_assign(new)
+            reader.add(new)
             log.info(
                 "flow %s: watching heartbeats in %s on cluster %s",
                 self.flow.name,
-                ", ".join(f"{tp.topic}-{tp.partition}" for tp in new),
+                ", ".join(f"{t}-{p}" for t, p in new),
                 self.flow.target,
             )
 
@@ -251,42 +251,34 @@ class HeartbeatPart(Part):
         gauge = self.metrics.heartbeat_age.labels(path.origin, self.flow.target, str(path.hops))
         gauge.set_function(lambda: time.time() - newest[path] / 1000.0)
 
-    def _read(self, timeout: float) -> None:
-        first = self._consumer.poll(timeout)
-        if first is None:
+    def _on_error(self, err: KafkaError) -> None:
+        log.warning("flow %s: reading heartbeats: %s", self.flow.name, err.str())
+
+    def _on_record(self, msg: Any) -> None:
+        topic = msg.topic()
+        try:
+            heartbeat = Heartbeat.decode(msg.key(), msg.value())
+        except ValueError as exc:
+            if topic not in self._bad_topics:
+                self._bad_topics.add(topic)
+                log.warning(
+                    "flow %s: skipping records of %s on cluster %s that are not heartbeats: %s",
+                    self.flow.name,
+                    topic,
+                    self.flow.target,
+                    exc,
+                )
             return
-        msgs: list[Any] = [first, *self._consumer.consume(1000, 0)]
-        for msg in msgs:
-            err = msg.error()
-            if err is not None:
-                if err.fatal():
-                    raise KafkaException(err)
-                log.warning("flow %s: reading heartbeats: %s", self.flow.name, err.str())
-                continue
-            topic = msg.topic()
-            try:
-                heartbeat = Heartbeat.decode(msg.key(), msg.value())
-            except ValueError as exc:
-                if topic not in self._bad_topics:
-                    self._bad_topics.add(topic)
-                    log.warning(
-                        "flow %s: skipping records of %s on cluster %s that are not heartbeats: %s",
-                        self.flow.name,
-                        topic,
-                        self.flow.target,
-                        exc,
-                    )
-                continue
-            path = self._paths[topic]
-            newest = self.newest.get(path)
-            if newest is None:
-                self._export(path, heartbeat.timestamp_ms)
-            elif heartbeat.timestamp_ms > newest:
-                self.newest[path] = heartbeat.timestamp_ms
+        path = self._paths[topic]
+        newest = self.newest.get(path)
+        if newest is None:
+            self._export(path, heartbeat.timestamp_ms)
+        elif heartbeat.timestamp_ms > newest:
+            self.newest[path] = heartbeat.timestamp_ms
 
     def _shutdown(self) -> None:
         try:
             self._producer.flush(STOP_FLUSH_TIMEOUT)
         finally:
-            if self._consumer is not None:
-                self._consumer.close()
+            if self._reader is not None:
+                self._reader.close()

@@ -19,8 +19,7 @@ The decisions are pure (mm2py.compat.topic_configs and mm2py.compat.acls):
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -46,6 +45,7 @@ from mm2py.compat.topic_configs import (
 from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.daemon.metrics import Metrics
 from mm2py.daemon.part import FlowPart
+from mm2py.daemon.scheduler import Scheduler
 from mm2py.kafka import clients
 from mm2py.kafka.clients import error_text
 from mm2py.kafka.configs import describe_topic_configs
@@ -152,33 +152,21 @@ class SyncPart(FlowPart):
     def run(self) -> None:
         self._source_admin = clients.admin_client(self.source.librdkafka("admin"))
         self._target_admin = clients.admin_client(self.target.librdkafka("admin"))
-        tasks: list[tuple[Callable[[], None], float]] = []
+        # A failed sync is logged, counted and tried again at the next interval.
+        scheduler = Scheduler(f"flow {self.flow.name}", self.errors)
+        retry_on = (KafkaException, SyncError)
         if self.config_period is not None:
-            tasks.append((self.sync_topic_configs, float(self.config_period)))
-        if self.acl_period is not None:
-            tasks.append((self.sync_topic_acls, float(self.acl_period)))
-        due = [0.0] * len(tasks)
-        while not self.stopping.is_set():
-            now = time.monotonic()
-            for i, (task, period) in enumerate(tasks):
-                if now >= due[i]:
-                    self._attempt(task)
-                    due[i] = time.monotonic() + period
-            if not due:
-                return
-            self.stopping.wait(max(min(due) - time.monotonic(), 0.0))
-
-    def _attempt(self, task: Callable[[], None]) -> None:
-        """Run one sync; a failure is logged, counted and retried at the next interval."""
-        try:
-            task()
-        except (KafkaException, SyncError) as exc:
-            self.errors.inc()
-            log.warning(
-                "flow %s: %s; retrying at the next interval",
-                self.flow.name,
-                error_text(exc),
+            scheduler.add(
+                "syncing topic configs",
+                self.sync_topic_configs,
+                self.config_period,
+                retry_on=retry_on,
             )
+        if self.acl_period is not None:
+            scheduler.add(
+                "syncing topic ACLs", self.sync_topic_acls, self.acl_period, retry_on=retry_on
+            )
+        scheduler.run(self.stopping)
 
     # -- configs -------------------------------------------------------------------
 
