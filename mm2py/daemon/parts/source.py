@@ -1,7 +1,8 @@
 """The source part of a flow A->B: its copy loop, fed by topic discovery.
 
 One thread runs the copy loop (mm2py.replication.copy_loop) and its periodic work
-(progress every PROGRESS_INTERVAL, lag every LAG_INTERVAL); a second thread runs
+(progress every PROGRESS_INTERVAL, lag every LAG_INTERVAL, on the part's scheduler
+between batches); a second thread runs
 topic discovery (mm2py.daemon.parts.discovery) every
 ``refresh.topics.interval.seconds`` and hands what it found to the loop through a
 queue, so admin calls never delay records. How offset syncs make translation
@@ -23,6 +24,7 @@ from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.daemon.metrics import Metrics
 from mm2py.daemon.part import FlowPart
 from mm2py.daemon.parts.discovery import TopicChanges, TopicDiscovery
+from mm2py.daemon.scheduler import Scheduler
 from mm2py.kafka import clients
 from mm2py.replication.client_settings import (
     CONSUMER_REQUIRED,
@@ -186,23 +188,18 @@ class SourcePart(FlowPart):
                 discovering.join(5)
 
     def _copy(self, loop: CopyLoop, found: queue.SimpleQueue[TopicChanges]) -> None:
-        next_progress = time.monotonic() + PROGRESS_INTERVAL
-        next_lag = 0.0
+        periodic = Scheduler(f"flow {self.flow.name}")
+        periodic.add("recording progress", loop.commit_progress, PROGRESS_INTERVAL)
+        periodic.add("measuring lag", loop.update_lag, LAG_INTERVAL)
         stopping = self.stopping.is_set
         while not stopping():
-            now = time.monotonic()
             while not found.empty():
                 changes = found.get()
                 if changes.gone:
                     self._let_go(loop, changes)
                 if changes.new:
                     loop.assign(changes.new, changes.earliest)
-            if now >= next_progress:
-                loop.commit_progress()
-                next_progress = now + PROGRESS_INTERVAL
-            if now >= next_lag:
-                loop.update_lag()
-                next_lag = now + LAG_INTERVAL
+            periodic.run_due()
             if self.paused != loop.paused:
                 loop.set_paused(self.paused)
             if self._access_failure is not None:
@@ -227,19 +224,24 @@ class SourcePart(FlowPart):
         loop_done: threading.Event,
     ) -> None:
         """Every refresh interval: find new topics and partitions, prepare remote topics."""
+
+        def refresh() -> None:
+            changes = discovery.refresh()
+            if changes.failures:
+                self.errors.inc(changes.failures)
+            if changes.new or changes.gone:
+                found.put(changes)
+
         every = self.rules.refresh_topics_interval
-        while not loop_done.is_set():
-            try:
-                changes = discovery.refresh()
-            except Exception as exc:  # logged and counted; the next refresh tries again
-                log.error("flow %s: topic refresh failed: %s", self.flow.name, exc)
-                self.errors.inc()
-            else:
-                if changes.failures:
-                    self.errors.inc(changes.failures)
-                if changes.new or changes.gone:
-                    found.put(changes)
-            loop_done.wait(every if every != float("inf") else None)
+        # Any failure is logged and counted; the next refresh tries again.
+        scheduler = Scheduler(f"flow {self.flow.name}", self.errors)
+        scheduler.add(
+            "refreshing topics",
+            refresh,
+            every if every != float("inf") else None,
+            retry_on=(Exception,),
+        )
+        scheduler.run(loop_done)
 
     def _open_sync_writer(self, source_admin: Any, target_admin: Any) -> OffsetSyncWriter | None:
         rules = self.rules
