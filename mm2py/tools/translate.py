@@ -396,7 +396,7 @@ def _read_source(
     if not clients.describe_cluster(source.librdkafka("admin"), timeout=5):
         return None, f"cluster {flow.source} does not answer"
     admin = clients.admin_client(source.librdkafka("admin"))
-    offsets = list_group_offsets(admin, [group], flow.source)
+    offsets = list_group_offsets(admin, [group], flow.source, rules.settings.admin_timeout)
     if group not in offsets:
         return None, f"the offsets of group {group} could not be read"
     committed = {key: c.offset for key, c in offsets[group].items()}
@@ -423,8 +423,9 @@ def apply_offsets(config: MirrorConfig, report: Report) -> int:
     be overwritten under them), KafkaException when the commit fails.
     """
     target = config.cluster(report.target)
+    timeout = config.flow(report.source, report.target).settings.admin_timeout
     admin = clients.admin_client(target.librdkafka("admin"))
-    activity = describe_groups(admin, [report.group], report.target).get(report.group)
+    activity = describe_groups(admin, [report.group], report.target, timeout).get(report.group)
     if activity is None:
         raise ApplyRefused(
             f"cannot tell whether group {report.group} has members on {report.target}: "
@@ -441,7 +442,7 @@ def apply_offsets(config: MirrorConfig, report: Report) -> int:
         for row in report.rows
         if row.downstream_offset is not None
     }
-    commit_group_offsets(admin, report.group, offsets)
+    commit_group_offsets(admin, report.group, offsets, timeout)
     report.applied = len(offsets)
     return len(offsets)
 

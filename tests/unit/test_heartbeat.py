@@ -9,6 +9,7 @@ import pytest
 from mm2py.compat.policy import DefaultReplicationPolicy, IdentityReplicationPolicy
 from mm2py.config import MirrorConfig, load_config
 from mm2py.daemon.metrics import Metrics
+from mm2py.daemon.parts.checkpoint import CheckpointPart
 from mm2py.daemon.parts.heartbeat import HeartbeatPart, HeartbeatPath, heartbeat_path
 from mm2py.daemon.supervisor import build_parts, select_flows, select_heartbeat_flows
 
@@ -97,3 +98,13 @@ def test_heartbeat_part_uses_the_flow_interval(tmp_path: Path) -> None:
     part = HeartbeatPart(config.flow("A", "B"), config.cluster("B"), Metrics(), watch=False)
     assert part.interval == 7.0
     assert part.topic == "heartbeats"
+
+
+def test_parts_wait_for_admin_calls_as_long_as_admin_timeout_ms_says(tmp_path: Path) -> None:
+    config = _config(tmp_path, "A->B.enabled = true\nA->B.admin.timeout.ms = 5000\n")
+    flow = config.flow("A", "B")
+    heartbeat = HeartbeatPart(flow, config.cluster("B"), Metrics(), watch=False)
+    checkpoint = CheckpointPart(flow, config.cluster("A"), config.cluster("B"), Metrics())
+    assert heartbeat.admin_timeout == checkpoint.admin_timeout == 5.0
+    other = config.flow("B", "A")  # MM2's default: 60 s
+    assert HeartbeatPart(other, config.cluster("A"), Metrics(), watch=False).admin_timeout == 60.0

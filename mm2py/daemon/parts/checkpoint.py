@@ -58,7 +58,6 @@ from mm2py.daemon.part import FlowPart
 from mm2py.daemon.scheduler import Scheduler
 from mm2py.kafka import clients
 from mm2py.kafka.groups import (
-    ADMIN_TIMEOUT,
     CommittedOffset,
     GroupOffsets,
     commit_group_offsets,
@@ -72,6 +71,7 @@ from mm2py.kafka.topics import ensure_internal_topic
 log = logging.getLogger(__name__)
 
 POLL_TIMEOUT = 0.2
+WRITE_TIMEOUT = 10.0  # for the target to acknowledge a batch of checkpoints
 # How often to look again for an offset-syncs topic that does not exist yet.
 SYNCS_RETRY_INTERVAL = 2.0
 OPEN_SYNCS = "reading offset syncs"
@@ -171,6 +171,8 @@ class CheckpointPart(FlowPart):
         self.checkpoints_topic = self.rules.policy.checkpoints_topic(flow.source)
         self.groups: set[str] = set()
         self._latency = metrics.checkpoint_latency
+        # Group listings, offset reads and commits: MM2's admin.timeout.ms.
+        self.admin_timeout = flow.settings.admin_timeout
         # (group, remote topic, partition) -> when a committed offset not yet
         # reflected by an exact checkpoint was first read.
         self._pending: dict[tuple[str, str, int], float] = {}
@@ -188,6 +190,7 @@ class CheckpointPart(FlowPart):
             self.checkpoints_topic,
             1,
             s.checkpoints_topic_replication_factor,
+            timeout=self.admin_timeout,
         )
         self.store = CheckpointStore()
         loaded = load_checkpoints(
@@ -268,12 +271,12 @@ class CheckpointPart(FlowPart):
         """Groups passing the group filter with offsets on a topic passing the topic filter."""
         rules, flow = self.rules, self.flow
         try:
-            listed = list_groups(self._source_admin)
+            listed = list_groups(self._source_admin, self.admin_timeout)
         except (KafkaException, TimeoutError) as exc:
             log.warning("flow %s: listing groups on %s failed: %s", flow.name, flow.source, exc)
             return self.groups
         names = [g for g in listed if rules.group_filter.should_replicate_group(g)]
-        offsets = list_group_offsets(self._source_admin, names, flow.source)
+        offsets = list_group_offsets(self._source_admin, names, flow.source, self.admin_timeout)
         found = {
             group
             for group, committed in offsets.items()
@@ -297,7 +300,9 @@ class CheckpointPart(FlowPart):
         if not self.groups:
             return
         listed_at = time.time()
-        offsets = list_group_offsets(self._source_admin, sorted(self.groups), self.flow.source)
+        offsets = list_group_offsets(
+            self._source_admin, sorted(self.groups), self.flow.source, self.admin_timeout
+        )
         emitted: list[tuple[Checkpoint, Translation]] = []
         for group, committed in offsets.items():
             for cp, found in translate_group(group, committed, self.rules, self.syncs):
@@ -335,7 +340,7 @@ class CheckpointPart(FlowPart):
                 on_delivery=on_delivery,
                 timestamp=timestamp_ms,
             )
-        remaining = self._producer.flush(ADMIN_TIMEOUT)
+        remaining = self._producer.flush(WRITE_TIMEOUT)
         if failures or remaining:
             raise RuntimeError(
                 f"writing checkpoints to {self.checkpoints_topic} on {self.flow.target} failed: "
@@ -361,9 +366,9 @@ class CheckpointPart(FlowPart):
         """Commit checkpoints to idle groups on the target, only moving them forward."""
         flow = self.flow
         candidates = sorted(g for g in self.groups if self.store.groups.get(g))
-        activity = describe_groups(self._target_admin, candidates, flow.target)
+        activity = describe_groups(self._target_admin, candidates, flow.target, self.admin_timeout)
         idle = [g for g in candidates if g in activity and activity[g].idle]
-        current = list_group_offsets(self._target_admin, idle, flow.target)
+        current = list_group_offsets(self._target_admin, idle, flow.target, self.admin_timeout)
         for group in idle:
             if group not in current:
                 continue
@@ -372,7 +377,9 @@ class CheckpointPart(FlowPart):
             if not wanted:
                 continue
             try:
-                commit_group_offsets(self._target_admin, group, _committed(wanted))
+                commit_group_offsets(
+                    self._target_admin, group, _committed(wanted), self.admin_timeout
+                )
             except (KafkaException, TimeoutError) as exc:
                 # A consumer joined since the group was described: its position wins.
                 log.warning(

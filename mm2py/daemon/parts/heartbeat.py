@@ -124,6 +124,7 @@ class HeartbeatPart(Part):
             raise ValueError(f"flow {flow.name}: heartbeats are disabled; build no heartbeat part")
         self.interval = float(period)
         self.topic = self.rules.policy.heartbeats_topic()
+        self.admin_timeout = flow.settings.admin_timeout  # MM2's admin.timeout.ms
         refresh = self.rules.refresh_topics_interval
         self.refresh_interval = refresh if refresh != float("inf") else DEFAULT_TOPIC_REFRESH
         # Newest heartbeat timestamp (ms) per exported path; survives restarts of the part.
@@ -170,7 +171,7 @@ class HeartbeatPart(Part):
         Checking first keeps a target where the topic was made by an administrator
         usable without the CREATE permission (MM2 also carries on there).
         """
-        if self.topic in partition_counts(self._admin):
+        if self.topic in partition_counts(self._admin, self.admin_timeout):
             return
         ensure_internal_topic(
             self._admin,
@@ -178,6 +179,7 @@ class HeartbeatPart(Part):
             self.topic,
             1,
             self.rules.settings.heartbeats_topic_replication_factor,
+            timeout=self.admin_timeout,
         )
 
     def _emit(self) -> None:
@@ -213,7 +215,7 @@ class HeartbeatPart(Part):
         if reader is None:
             return
         try:
-            counts = partition_counts(self._admin)
+            counts = partition_counts(self._admin, self.admin_timeout)
         except KafkaException as exc:
             log.warning("flow %s: listing topics failed, retrying later: %s", self.flow.name, exc)
             return
