@@ -8,7 +8,7 @@ cannot read and leave it out (one unreadable group must not stop the others);
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -76,19 +76,14 @@ def list_group_offsets(
     for group in groups:
         request = [ConsumerGroupTopicPartitions(group)]
         futures.update(admin.list_consumer_group_offsets(request, request_timeout=timeout))
-    out: dict[str, dict[tuple[str, int], CommittedOffset]] = {}
-    for group, future in futures.items():
-        try:
-            result = future.result(timeout=timeout + _RESULT_GRACE)
-        except (KafkaException, TimeoutError) as exc:
-            log.error("reading offsets of group %s on cluster %s: %s", group, cluster_alias, exc)
-            continue
-        out[group] = {
+    return {
+        group: {
             (tp.topic, tp.partition): CommittedOffset(tp.offset, tp.metadata or "")
             for tp in result.topic_partitions or []
             if tp.error is None and tp.offset >= 0
         }
-    return out
+        for group, result in _answers(futures, "reading offsets of", cluster_alias, timeout)
+    }
 
 
 def describe_groups(
@@ -106,17 +101,25 @@ def describe_groups(
         return {}
     out: dict[str, GroupActivity] = {}
     futures = admin.describe_consumer_groups(wanted, request_timeout=timeout)
-    for group, future in futures.items():
-        try:
-            desc = future.result(timeout=timeout + _RESULT_GRACE)
-        except (KafkaException, TimeoutError) as exc:
-            log.error("describing group %s on cluster %s: %s", group, cluster_alias, exc)
-            continue
+    for group, desc in _answers(futures, "describing", cluster_alias, timeout):
         members = len(desc.members or [])
         if desc.state not in IDLE_GROUP_STATES:
             members = max(members, 1)  # rebalancing: treat as active
         out[group] = GroupActivity(desc.state.name, members)
     return out
+
+
+def _answers(
+    futures: Mapping[str, Future[Any]], doing: str, cluster_alias: str, timeout: float
+) -> Iterator[tuple[str, Any]]:
+    """(group, result) of each request that succeeded; the others are logged."""
+    for group, future in futures.items():
+        try:
+            result = future.result(timeout=timeout + _RESULT_GRACE)
+        except (KafkaException, TimeoutError) as exc:
+            log.error("%s group %s on cluster %s: %s", doing, group, cluster_alias, exc)
+            continue
+        yield group, result
 
 
 def commit_group_offsets(

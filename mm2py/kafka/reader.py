@@ -41,6 +41,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Messag
 
 from mm2py.errors import Mm2pyError
 from mm2py.kafka import clients
+from mm2py.kafka.consume import consume_batch
 
 log = logging.getLogger(__name__)
 
@@ -245,17 +246,8 @@ class TopicReader:
         Returns how many records were handed over. An error on a partition raises
         ReaderError, or goes to `on_error` when given (fatal errors always raise).
         """
-        consumer = self._consumer
-        # Take what is queued at once; only when nothing is, wait for the first record
-        # (consume() would wait for a full batch or the whole timeout).
-        msgs: list[Any] = consumer.consume(max_records, 0)
-        if not msgs:
-            first = consumer.poll(timeout)
-            if first is None:
-                return 0
-            msgs = [first, *consumer.consume(max_records - 1, 0)]
         count = 0
-        for msg in msgs:
+        for msg in consume_batch(self._consumer, max_records, timeout):
             err = msg.error()
             key: Key = (msg.topic(), msg.partition())
             if err is not None:
