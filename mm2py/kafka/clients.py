@@ -19,6 +19,9 @@ from confluent_kafka.admin import AdminClient
 log = logging.getLogger(__name__)
 _librdkafka_log = logging.getLogger("mm2py.librdkafka")
 
+# How long an admin request may take unless a flow's `admin.timeout.ms` says (MM2: 60 s).
+ADMIN_TIMEOUT = 60.0
+
 
 def _settings(props: Mapping[str, str], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
     settings: dict[str, Any] = dict(props)

@@ -13,8 +13,7 @@ from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.admin._resource import ResourceType
 
 from mm2py.compat.topic_configs import ConfigValue
-from mm2py.kafka.clients import error_text
-from mm2py.kafka.topics import ADMIN_TIMEOUT
+from mm2py.kafka.clients import ADMIN_TIMEOUT, error_text
 
 
 @dataclass

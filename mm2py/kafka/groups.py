@@ -21,9 +21,10 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
+from mm2py.kafka.clients import ADMIN_TIMEOUT
+
 log = logging.getLogger(__name__)
 
-ADMIN_TIMEOUT = 10.0
 # Waiting for a future a little longer than its request's own timeout, so that the
 # request's error (naming the cause) arrives rather than a bare timeout.
 _RESULT_GRACE = 5.0

@@ -16,10 +16,9 @@ from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewPartitions, NewTopic
 
-log = logging.getLogger(__name__)
+from mm2py.kafka.clients import ADMIN_TIMEOUT
 
-# The default for admin requests; flows pass their `admin.timeout.ms` (MM2: 60 s).
-ADMIN_TIMEOUT = 60.0
+log = logging.getLogger(__name__)
 
 
 class TopicAdminError(RuntimeError):

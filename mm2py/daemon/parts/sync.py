@@ -47,9 +47,9 @@ from mm2py.daemon.metrics import Metrics
 from mm2py.daemon.part import FlowPart
 from mm2py.daemon.scheduler import Scheduler
 from mm2py.kafka import clients
-from mm2py.kafka.clients import error_text
+from mm2py.kafka.clients import ADMIN_TIMEOUT, error_text
 from mm2py.kafka.configs import describe_topic_configs
-from mm2py.kafka.topics import ADMIN_TIMEOUT, partition_counts
+from mm2py.kafka.topics import partition_counts
 
 log = logging.getLogger(__name__)
 
@@ -94,25 +94,21 @@ def _binding(acl: TopicAcl) -> AclBinding:
     )
 
 
-def _describe_acls(admin: AdminClient) -> list[TopicAcl]:
+def _describe_acls(admin: AdminClient, timeout: float) -> list[TopicAcl]:
     """Every topic ACL of a cluster. Raises KafkaException (SECURITY_DISABLED: no authorizer)."""
-    bindings = admin.describe_acls(ANY_TOPIC_ACL, request_timeout=ADMIN_TIMEOUT).result(
-        timeout=ADMIN_TIMEOUT
-    )
+    bindings = admin.describe_acls(ANY_TOPIC_ACL, request_timeout=timeout).result(timeout=timeout)
     return [_topic_acl(b) for b in bindings]
 
 
-def has_authorizer(admin: AdminClient) -> bool | None:
+def has_authorizer(admin: AdminClient, timeout: float = ADMIN_TIMEOUT) -> bool | None:
     """Whether a cluster's broker runs an authorizer; None if that cannot be told."""
     try:
-        cluster = admin.describe_cluster(request_timeout=ADMIN_TIMEOUT).result(
-            timeout=ADMIN_TIMEOUT
-        )
+        cluster = admin.describe_cluster(request_timeout=timeout).result(timeout=timeout)
         broker = str(cluster.nodes[0].id)
         resource = ConfigResource(ResourceType.BROKER, broker)
-        configs = admin.describe_configs([resource], request_timeout=ADMIN_TIMEOUT)[
-            resource
-        ].result(timeout=ADMIN_TIMEOUT)
+        configs = admin.describe_configs([resource], request_timeout=timeout)[resource].result(
+            timeout=timeout
+        )
     except (KafkaException, IndexError):
         return None
     entry = configs.get("authorizer.class.name")
@@ -139,6 +135,7 @@ class SyncPart(FlowPart):
         self.config_period = settings.period("sync.topic.configs")
         self.acl_period = settings.period("sync.topic.acls")
         self.prop_filter = ConfigPropertyFilter(settings.config_properties_exclude)
+        self._timeout = settings.admin_timeout
         self._no_source_authorizer_logged = False
         self._no_target_authorizer_logged = False
         self._source_authorizer_checked = False
@@ -174,11 +171,11 @@ class SyncPart(FlowPart):
         """Source topic -> remote topic, for replicated topics whose remote topic exists."""
         rt, flow = self.rules, self.flow
         try:
-            source_topics = partition_counts(self._source_admin)
+            source_topics = partition_counts(self._source_admin, self._timeout)
         except KafkaException as exc:
             raise SyncError(f"listing topics on {flow.source} failed: {error_text(exc)}") from None
         try:
-            target_topics = partition_counts(self._target_admin)
+            target_topics = partition_counts(self._target_admin, self._timeout)
         except KafkaException as exc:
             raise SyncError(f"listing topics on {flow.target} failed: {error_text(exc)}") from None
         pairs = {t: rt.remote_topic(t) for t in source_topics if rt.should_replicate(t)}
@@ -190,8 +187,10 @@ class SyncPart(FlowPart):
         pairs = self._replicated_remote_topics()
         if not pairs:
             return
-        source = describe_topic_configs(self._source_admin, flow.source, pairs)
-        target = describe_topic_configs(self._target_admin, flow.target, pairs.values())
+        source = describe_topic_configs(self._source_admin, flow.source, pairs, self._timeout)
+        target = describe_topic_configs(
+            self._target_admin, flow.target, pairs.values(), self._timeout
+        )
         resources: dict[str, tuple[ConfigResource, ConfigChanges]] = {}
         for problem in [*source.unreadable.values(), *target.unreadable.values()]:
             log.warning("flow %s: %s", flow.name, problem)
@@ -205,13 +204,13 @@ class SyncPart(FlowPart):
         if not resources:
             return
         futures = self._target_admin.incremental_alter_configs(
-            [r for r, _ in resources.values()], request_timeout=ADMIN_TIMEOUT
+            [r for r, _ in resources.values()], request_timeout=self._timeout
         )
         failed = 0
         for resource, future in futures.items():
             changes = resources[resource.name][1]
             try:
-                future.result(timeout=ADMIN_TIMEOUT)
+                future.result(timeout=self._timeout)
             except KafkaException as exc:
                 failed += 1
                 log.warning(
@@ -239,7 +238,7 @@ class SyncPart(FlowPart):
         """Add the ACLs the remote topics should have (by MM2's rules) to the target."""
         flow, rt = self.flow, self.rules
         try:
-            source_acls = _describe_acls(self._source_admin)
+            source_acls = _describe_acls(self._source_admin, self._timeout)
         except KafkaException as exc:
             if _code(exc) == KafkaError.SECURITY_DISABLED:
                 self._log_no_source_authorizer()
@@ -251,14 +250,14 @@ class SyncPart(FlowPart):
             # librdkafka reports "no authorizer" as an empty answer; ask the broker once.
             if not self._source_authorizer_checked:
                 self._source_authorizer_checked = True
-                if has_authorizer(self._source_admin) is False:
+                if has_authorizer(self._source_admin, self._timeout) is False:
                     self._log_no_source_authorizer()
             return
         wanted = target_acls(source_acls, rt.should_replicate, rt.remote_topic)
         if not wanted:
             return
         try:
-            existing = _describe_acls(self._target_admin)
+            existing = _describe_acls(self._target_admin, self._timeout)
         except KafkaException as exc:
             if _code(exc) == KafkaError.SECURITY_DISABLED:
                 self._log_no_target_authorizer()
@@ -273,12 +272,12 @@ class SyncPart(FlowPart):
             return
         flow = self.flow
         bindings = {_binding(acl): acl for acl in acls}
-        futures = self._target_admin.create_acls(list(bindings), request_timeout=ADMIN_TIMEOUT)
+        futures = self._target_admin.create_acls(list(bindings), request_timeout=self._timeout)
         failed = 0
         for binding, future in futures.items():
             acl = bindings[binding]
             try:
-                future.result(timeout=ADMIN_TIMEOUT)
+                future.result(timeout=self._timeout)
             except KafkaException as exc:
                 if _code(exc) == KafkaError.SECURITY_DISABLED:
                     self._log_no_target_authorizer()
