@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mm2py.compat.java_regex import PatternError, compile_java
-from tests.unit.test_java_regex import MATCHES, REFUSED
+from tests.unit.compat.test_java_regex import MATCHES, REFUSED
 
 pytestmark = [
     pytest.mark.integration,

@@ -11,7 +11,7 @@ from mm2py.config import ConfigError, FlowSettings, MirrorConfig, load_config
 from mm2py.config.client_props import parse_jaas
 from mm2py.config.properties import parse_properties
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
 def write(tmp_path: Path, text: str, name: str = "mm2.properties") -> Path:

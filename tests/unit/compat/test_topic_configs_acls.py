@@ -188,7 +188,7 @@ def test_candidates_come_from_literal_beginnings_and_endings() -> None:
     assert "a" in names and "ax" in names
 
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
 @pytest.mark.parametrize(
