@@ -25,6 +25,9 @@ from prometheus_client.registry import Collector
 
 from mm2py.replication.stats import LATENCY_BUCKETS, ReplicationStats
 
+# mm2py_records_skipped_total's reason for records the source deleted before the copy.
+SKIPPED_DELETED = "deleted_before_copy"
+
 
 class ReplicationCollector(Collector):
     """Renders every registered flow's `ReplicationStats` as metric families."""
@@ -65,8 +68,21 @@ class ReplicationCollector(Collector):
             "Record timestamp to target acknowledgement.",
             labels=labels,
         )
+        skipped = CounterMetricFamily(
+            "mm2py_records_skipped",
+            "Records not copied, by reason: deleted_before_copy = deleted on the source"
+            " (retention, truncation, delete_records) before they were copied.",
+            labels=["source", "target", "topic", "reason"],
+        )
         with self._lock:
             flows = list(self._flows)
+        for flow in flows:
+            # Per topic: one series for each, at 0 until records are skipped.
+            by_topic: dict[str, int] = {}
+            for (topic, _partition), stats in list(flow.partitions.items()):
+                by_topic[topic] = by_topic.get(topic, 0) + stats.skipped
+            for topic, count in by_topic.items():
+                skipped.add_metric([flow.source, flow.target, topic, SKIPPED_DELETED], count)
         for flow in flows:
             for (topic, partition), stats in list(flow.partitions.items()):
                 values = [flow.source, flow.target, topic, str(partition)]
@@ -75,7 +91,7 @@ class ReplicationCollector(Collector):
                 lag.add_metric(values, stats.lag)
                 age.add_metric(values, stats.record_age.buckets(), stats.record_age.total)
                 latency.add_metric(values, stats.latency.buckets(), stats.latency.total)
-        yield from (records, size, lag, age, latency)
+        yield from (records, size, lag, age, latency, skipped)
 
 
 @dataclass

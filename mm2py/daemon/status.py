@@ -46,6 +46,11 @@ class TopicStatus(BaseModel):
         description="record timestamp to target acknowledgement, median of the last minute",
     )
     latency_p99_seconds: float | None = None
+    skipped_records: int = Field(
+        default=0,
+        description="records deleted on the source (retention, truncation, delete_records) "
+        "before they were copied, since the daemon started; the log names their offsets",
+    )
 
 
 class FlowStatus(BaseModel):
@@ -224,5 +229,11 @@ def format_status(flows: Sequence[FlowStatus], health: Health | None = None) -> 
                 )
             lines.append("")
             lines.extend(_table(topic_rows, "  "))
+            lines.extend(
+                f"  {topic.topic}: {topic.skipped_records} records were deleted on "
+                f"{flow.source} before they were copied (the log names their offsets)"
+                for topic in flow.topics
+                if topic.skipped_records
+            )
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

@@ -297,6 +297,9 @@ class Daemon:
         for (topic, _partition), stats in list(part.stats.partitions.items()):
             by_topic[topic].append((stats.records, stats.lag))
         latency = self._latency[part.flow.name].quantiles(_latency_counts(part))
+        skipped: dict[str, int] = defaultdict(int)
+        for (topic, _partition), stats in list(part.stats.partitions.items()):
+            skipped[topic] += stats.skipped
         out = []
         for topic, rows in sorted(by_topic.items()):
             p50, p99 = latency.get(topic, [None, None])
@@ -308,6 +311,7 @@ class Daemon:
                     lag_records=sum(lag for _r, lag in rows),
                     latency_p50_seconds=p50,
                     latency_p99_seconds=p99,
+                    skipped_records=skipped[topic],
                 )
             )
         return out

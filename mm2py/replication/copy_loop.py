@@ -7,6 +7,14 @@ go. Every record keeps its partition, key, value, headers and timestamp; the sou
 is read `read_committed`. The only per-record Python work is the produce call and
 its delivery report, which tells the record's target offset.
 
+Records the source deleted before they were copied (retention, truncation,
+`delete_records`) make the consumer reset to the log start offset; the loop counts
+and logs them (`PartitionStats.skipped`): the first record of a partition after its
+assignment, and the records of a partition whose log start passed what was read,
+are compared with the offset expected next. Offsets also jump over transaction
+markers and aborted records (read_committed), which the log start offset tells
+apart: only offsets below it were deleted.
+
 Progress is the last source offset the target acknowledged, recorded in
 ``mm2-offsets.<source>.internal``; offset syncs follow `SyncRule`. Everything here
 runs on the one thread that owns the loop, except `failed_partitions()` and
@@ -108,6 +116,9 @@ class CopyLoop:
         # Set (from any thread) when the loop must end so that the part restarts.
         self.restart_reason: str | None = None
         self.paused = False
+        # Partitions whose next records are compared with the offset expected next:
+        # (expected, watch until a record at or after this offset was read).
+        self._watched: dict[SourcePartition, tuple[int, int]] = {}
 
     # -- which partitions -------------------------------------------------------
 
@@ -143,6 +154,8 @@ class CopyLoop:
             else:
                 start = earliest.get((p.topic, p.partition), OFFSET_BEGINNING)
             new.append(TopicPartition(p.topic, p.partition, start))
+            if start >= 0:
+                self._watched[(p.topic, p.partition)] = (start, start + 1)
         self.consumer.incremental_assign(new)
         if self.paused:
             self.consumer.pause([TopicPartition(tp.topic, tp.partition) for tp in new])
@@ -162,6 +175,7 @@ class CopyLoop:
             if state is not None and not state.gone:
                 state.gone = True
                 state.stats.lag = 0
+                self._watched.pop(where, None)
                 tps.append(TopicPartition(*where))
         if not tps:
             return []
@@ -227,6 +241,8 @@ class CopyLoop:
         on_delivery = self._on_delivery
         wait = self._ack_poll_timeout if len(self.producer) else self._poll_timeout
         msgs = consume_batch(self.consumer, BATCH_SIZE, wait)
+        if self._watched:
+            self._check_skipped(msgs)
         wall = time.time()
         for msg in msgs:
             if msg.error() is not None:
@@ -273,6 +289,66 @@ class CopyLoop:
         if self.restart_reason:
             raise RuntimeError(self.restart_reason)
         return True
+
+    def _check_skipped(self, msgs: Sequence[Any]) -> None:
+        """Count and log the records a watched partition's offsets jumped over because
+        the source deleted them."""
+        watched = self._watched
+        for msg in msgs:
+            where = (msg.topic(), msg.partition())
+            watch = watched.get(where)
+            if watch is None or msg.error() is not None:
+                continue
+            expected, until = watch
+            offset = msg.offset()
+            if offset > expected:
+                self._deleted_before_copy(where, expected, offset)
+            if offset + 1 >= until:
+                del watched[where]
+            else:
+                watched[where] = (offset + 1, until)
+
+    def _deleted_before_copy(self, where: SourcePartition, expected: int, offset: int) -> None:
+        """The partition's records from `expected` were not read, `offset` was: those
+        below its log start offset were deleted; the others were transaction markers or
+        aborted records."""
+        tp = TopicPartition(*where)
+        try:
+            # Cached: every fetch response carries the log start offset, and the one that
+            # brought `offset` came after the reset to it.
+            low = self.consumer.get_watermark_offsets(tp, timeout=1, cached=True)[0]
+            if low < 0:
+                low = self.consumer.get_watermark_offsets(tp, timeout=5, cached=False)[0]
+        except KafkaException as exc:
+            log.warning(
+                "flow %s: %s-%s: offsets %d..%d were not read and its log start offset is "
+                "unknown (%s); records deleted before they were copied are not counted",
+                self.flow_name,
+                where[0],
+                where[1],
+                expected,
+                offset - 1,
+                exc.args[0].str(),
+            )
+            return
+        end = min(low, offset)  # exclusive
+        if end <= expected:
+            return
+        state = self.by_source[where]
+        state.stats.skipped += end - expected
+        log.warning(
+            "flow %s: %s %s-%s: offsets %d..%d (%d records) were deleted on cluster %s "
+            "before they were copied",
+            self.flow_name,
+            self.stats.source,
+            where[0],
+            where[1],
+            expected,
+            end - 1,
+            end - expected,
+            self.stats.source,
+            extra=partition_fields(*where),
+        )
 
     def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
         state = self._by_remote[(msg.topic(), msg.partition())]
@@ -379,10 +455,21 @@ class CopyLoop:
                 low, high = self.consumer.get_watermark_offsets(tp, timeout=1, cached=cached)
             except KafkaException:
                 continue
+            self._watch_behind(state, low)
             if high < 0:
                 continue
             nxt = state.acked + 1 if state.acked >= 0 else low
             state.stats.lag = max(high - max(nxt, low), 0)
+
+    def _watch_behind(self, state: PartitionState, low: int) -> None:
+        """Watch a partition whose log start offset passed the records read so far: the
+        consumer will reset to it unless it fetched them already."""
+        where = (state.topic, state.partition)
+        if where in self._watched or state.failure is not None:
+            return
+        last_read = state.inflight[-1] if state.inflight else state.acked
+        if last_read >= 0 and low > last_read + 1:
+            self._watched[where] = (last_read + 1, low)
 
     def finish(self, deadline: float) -> None:
         """Flush what is in flight and record progress, by `deadline` (monotonic)."""

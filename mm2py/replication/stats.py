@@ -63,6 +63,7 @@ class PartitionStats:
     records: int = 0
     bytes: int = 0
     lag: int = 0
+    skipped: int = 0  # records deleted on the source before they were copied
     record_age: Histogram = field(default_factory=Histogram)
     latency: Histogram = field(default_factory=Histogram)
 
