@@ -28,13 +28,13 @@ lint: install
 	$(BIN)/ruff format --check mm2py tests $(wildcard bench)
 	$(BIN)/mypy --strict mm2py
 
-unit: install
+unit: install prometheus
 	$(BIN)/pytest -q tests/unit
 
 # The Grafana dashboard test runs a real Prometheus (Debian's package, as a plain
-# process, not a service).
+# process, not a service); the alert rules' unit test runs its promtool.
 prometheus:
-	command -v prometheus >/dev/null || ($(SUDO) apt-get update \
+	command -v prometheus >/dev/null && command -v promtool >/dev/null || ($(SUDO) apt-get update \
 		&& $(SUDO) apt-get install -y --no-install-recommends prometheus)
 
 test: jars prometheus lint
