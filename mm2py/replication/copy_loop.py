@@ -119,6 +119,7 @@ class CopyLoop:
         # Partitions whose next records are compared with the offset expected next:
         # (expected, watch until a record at or after this offset was read).
         self._watched: dict[SourcePartition, tuple[int, int]] = {}
+        self._starts: dict[SourcePartition, int] = {}  # where each partition was assigned
 
     # -- which partitions -------------------------------------------------------
 
@@ -156,6 +157,7 @@ class CopyLoop:
             new.append(TopicPartition(p.topic, p.partition, start))
             if start >= 0:
                 self._watched[(p.topic, p.partition)] = (start, start + 1)
+                self._starts[(p.topic, p.partition)] = start
         self.consumer.incremental_assign(new)
         if self.paused:
             self.consumer.pause([TopicPartition(tp.topic, tp.partition) for tp in new])
@@ -455,20 +457,32 @@ class CopyLoop:
                 low, high = self.consumer.get_watermark_offsets(tp, timeout=1, cached=cached)
             except KafkaException:
                 continue
-            self._watch_behind(state, low)
+            self._watch_behind(state, low, high)
             if high < 0:
                 continue
             nxt = state.acked + 1 if state.acked >= 0 else low
             state.stats.lag = max(high - max(nxt, low), 0)
 
-    def _watch_behind(self, state: PartitionState, low: int) -> None:
+    def _watch_behind(self, state: PartitionState, low: int, high: int) -> None:
         """Watch a partition whose log start offset passed the records read so far: the
         consumer will reset to it unless it fetched them already."""
         where = (state.topic, state.partition)
-        if where in self._watched or state.failure is not None:
+        watch = self._watched.get(where)
+        if watch is not None:
+            expected, until = watch
+            # Watched since its assignment, with nothing to read: nothing was lost, and
+            # a later deletion is watched for as below. Batches need no check meanwhile.
+            if until == expected + 1 and low <= expected and 0 <= high <= expected:
+                del self._watched[where]
+            return
+        if state.failure is not None:
             return
         last_read = state.inflight[-1] if state.inflight else state.acked
-        if last_read >= 0 and low > last_read + 1:
+        if last_read < 0:  # nothing read yet: from where it was assigned, if known
+            if where not in self._starts:
+                return
+            last_read = self._starts[where] - 1
+        if low > last_read + 1:
             self._watched[where] = (last_read + 1, low)
 
     def finish(self, deadline: float) -> None:

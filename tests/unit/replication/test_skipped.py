@@ -31,17 +31,20 @@ LINE = "offsets {}..{} ({} records) were deleted on cluster A before they were c
 
 
 class TruncatedConsumer(FakeConsumer):
-    """A consumer whose partitions' log start offsets are `low` (default 0)."""
+    """A consumer whose partitions' log start offsets are `low` (default 0), their end
+    offsets `high` (default 100)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.low: dict[tuple[str, int], int] = {}
+        self.high: dict[tuple[str, int], int] = {}
         self.uncached_lookups = 0
 
     def get_watermark_offsets(self, tp: TopicPartition, timeout: float, cached: bool) -> Any:
         if not cached:
             self.uncached_lookups += 1
-        return (self.low.get((tp.topic, tp.partition), 0), 100)
+        where = (tp.topic, tp.partition)
+        return (self.low.get(where, 0), self.high.get(where, 100))
 
 
 def _loop(stored: dict[tuple[str, int], int] | None = None) -> CopyLoop:
@@ -190,3 +193,30 @@ def test_skipped_records_are_exported_per_topic_and_shown_in_status() -> None:
     text = format_status([FlowStatus.model_validate_json(flow.model_dump_json())])
     assert "  A.t: 40 records were deleted on A before they were copied" in text
     assert "A.u:" not in text
+
+
+def test_an_idle_partition_is_no_longer_checked_per_batch_yet_a_later_deletion_counts() -> None:
+    loop = _loop(stored={("t", 0): 19})
+    loop.assign([NewPartition("t", 0, "A.t"), NewPartition("t", 1, "A.t")], {("t", 1): 0})
+    loop.consumer.high.update({("t", 0): 20, ("t", 1): 0})  # nothing to read on either
+    loop.update_lag()
+    assert loop._watched == {}
+    # 30 records are written to each and deleted before the consumer fetches them.
+    loop.consumer.high.update({("t", 0): 50, ("t", 1): 30})
+    loop.consumer.low.update({("t", 0): 50, ("t", 1): 30})
+    loop.update_lag()
+    assert loop._watched == {("t", 0): (20, 50), ("t", 1): (0, 30)}
+    _copy(loop, 50)
+    _copy(loop, 30, partition=1)
+    assert _skipped(loop, partition=0) == 30
+    assert _skipped(loop, partition=1) == 30
+
+
+def test_a_partition_started_at_the_beginning_never_counts_what_went_before() -> None:
+    # No start offset was known: the consumer starts at whatever its log start is.
+    loop = _loop()
+    loop.assign([NewPartition("t", 0, "A.t")], {})
+    loop.consumer.low[("t", 0)] = 1000
+    loop.update_lag()
+    _copy(loop, 1000, 1001)
+    assert _skipped(loop) == 0
