@@ -2,7 +2,8 @@
 
 Prometheus is Debian's `prometheus` package (`make test` installs it), run here as a
 plain process with its own config and data folder. Every panel's query, with the
-template variables substituted as Grafana does, must return data with a value.
+template variables substituted as Grafana does, must return data with a value. The
+same Prometheus loads the shipped alert rules (grafana/alerts/) and evaluates them.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "grafana" / "dashboards" / "mm2py.json"
+ALERT_RULES = ROOT / "grafana" / "alerts" / "mm2py-rules.yml"
 
 
 def panel_queries() -> list[tuple[str, str]]:
@@ -56,6 +58,7 @@ def prometheus(tmp_path: Path, target: str) -> Iterator[str]:
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        f"rule_files:\n  - '{ALERT_RULES}'\n"
         "scrape_configs:\n  - job_name: mm2py\n"
         f"    static_configs:\n      - targets: ['{target}']\n"
     )
@@ -183,6 +186,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
             timeout=60,
             what="topic values",
         )
+        assert_rules_loaded(prom)
         for flow, topic in (("A->B", re.escape(remote).replace("\\", "\\\\")), (".*", ".*")):
             for title, expr in queries:
                 promql = substitute(expr, flow, topic)
@@ -195,3 +199,26 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
                     assert {s["metric"]["flow"] for s in series} == {"A->B"}, title
                 if topic != ".*" and "topic" in series[0]["metric"]:
                     assert {s["metric"]["topic"] for s in series} == {remote}, title
+
+
+def assert_rules_loaded(prom: str) -> None:
+    """Every shipped alert rule is loaded and has been evaluated without error."""
+    shipped = set(re.findall(r"^\s*- alert: (\w+)$", ALERT_RULES.read_text(), re.MULTILINE))
+    assert "Mm2pyRecordsSkipped" in shipped
+
+    def evaluated() -> dict[str, dict[str, Any]] | None:
+        answer = _get(f"{prom}/api/v1/rules?type=alert")
+        if not isinstance(answer, dict) or answer.get("status") != "success":
+            return None
+        rules = {
+            rule["name"]: rule
+            for group in answer["data"]["groups"]
+            for rule in group["rules"]
+            if group["file"] == str(ALERT_RULES)
+        }
+        done = set(rules) == shipped and all(r["health"] != "unknown" for r in rules.values())
+        return rules if done else None
+
+    rules = wait_until(evaluated, timeout=30, what="alert rules loaded and evaluated")
+    for name, rule in rules.items():
+        assert rule["health"] == "ok", (name, rule.get("lastError"))
