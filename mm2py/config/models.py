@@ -225,6 +225,11 @@ class FlowSettings(BaseModel):
     admin_timeout_ms: Annotated[
         int, BeforeValidator(_parse_int), AfterValidator(_check_at_least(1))
     ] = Field(60000, alias="admin.timeout.ms")
+    # mm2py's own (no MM2 key): how long a cluster may give no answer before its
+    # parts show UNREACHABLE and /health fails. Read through unreachable_grace.
+    cluster_unreachable_grace_ms: Annotated[
+        int, BeforeValidator(_parse_int), AfterValidator(_check_at_least(1000))
+    ] = Field(30000, alias="cluster.unreachable.grace.ms")
 
     heartbeats_topic_replication_factor: CountOrBrokerDefault = Field(
         3, alias="heartbeats.topic.replication.factor"
@@ -253,6 +258,11 @@ class FlowSettings(BaseModel):
     def admin_timeout(self) -> float:
         """Seconds an admin call may take (MM2's admin.timeout.ms, default 60 s)."""
         return self.admin_timeout_ms / 1000
+
+    @property
+    def unreachable_grace(self) -> float:
+        """Seconds without an answer before a cluster counts as unreachable (default 30 s)."""
+        return self.cluster_unreachable_grace_ms / 1000
 
     @property
     def consumer_poll_timeout(self) -> float:

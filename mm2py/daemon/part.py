@@ -7,10 +7,13 @@ import threading
 import traceback
 from abc import ABC, abstractmethod
 
+from confluent_kafka import KafkaError
+
 from mm2py import logs
 from mm2py.compat.flow import FlowRules
 from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.daemon.metrics import Metrics
+from mm2py.daemon.reachability import UNREACHABLE_ERRORS, Reachability
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +28,9 @@ class Part(ABC):
     run (the daemon does not restart a part paused so). A part that can pause in
     place (the source part) overrides both and sets `pauses_in_place`: its run
     goes on while paused, and is restarted (paused) if it fails meanwhile.
+
+    `clusters()` names the clusters the part talks to; while one of them is
+    unreachable (`reachability`, set by the daemon) the part shows UNREACHABLE.
     """
 
     name = "part"
@@ -40,7 +46,17 @@ class Part(ABC):
         self.error: BaseException | None = None
         self.error_trace: str | None = None
         self.paused = False
+        self.reachability: Reachability | None = None
         self._thread: threading.Thread | None = None
+
+    def clusters(self) -> tuple[str, ...]:
+        """The clusters this part talks to: its flow's target (heartbeats)."""
+        return (self.flow.target,)
+
+    def note_client_error(self, alias: str, err: KafkaError) -> None:
+        """For an error_cb of a client of `alias`: a transport failure counts against it."""
+        if self.reachability is not None and err.code() in UNREACHABLE_ERRORS:
+            self.reachability.failed(alias)
 
     @abstractmethod
     def run(self) -> None:
@@ -108,3 +124,6 @@ class FlowPart(Part):
         self.rules = FlowRules(flow)
         self.source = source
         self.target = target
+
+    def clusters(self) -> tuple[str, ...]:
+        return (self.flow.source, self.flow.target)

@@ -15,7 +15,8 @@ from pydantic import BaseModel, Field
 
 from mm2py.replication.stats import LATENCY_BUCKETS
 
-PartState = Literal["RUNNING", "PAUSED", "FAILED"]
+# UNREACHABLE: a cluster the part uses has not answered for cluster.unreachable.grace.ms.
+PartState = Literal["RUNNING", "PAUSED", "FAILED", "UNREACHABLE"]
 
 
 class PartStatus(BaseModel):
@@ -32,6 +33,12 @@ class PartStatus(BaseModel):
         description="remote topic partitions stopped by a record the target rejected, "
         "with the reason (source part); a restart of the flow retries them",
     )
+    unreachable: list[str] = Field(
+        default_factory=list,
+        description="clusters the part uses that have not answered for "
+        "cluster.unreachable.grace.ms, as `cluster B (host:port) since 12:03:04` "
+        "(state UNREACHABLE)",
+    )
 
 
 class TopicStatus(BaseModel):
@@ -40,7 +47,10 @@ class TopicStatus(BaseModel):
     topic: str = Field(description="the remote topic, on the target")
     partitions: int
     records: int = Field(description="records copied since the daemon started")
-    lag_records: int = Field(description="source end offsets minus the next offsets to copy")
+    lag_records: int | None = Field(
+        description="source end offsets minus the next offsets to copy; "
+        "null (unknown) while the source or target cluster is unreachable"
+    )
     latency_p50_seconds: float | None = Field(
         default=None,
         description="record timestamp to target acknowledgement, median of the last minute",
@@ -61,15 +71,17 @@ class FlowStatus(BaseModel):
     target: str
     replicating: bool = Field(description="A->B.enabled; false for a pair that only heartbeats")
     state: PartState = Field(
-        description="FAILED if a part failed or a partition stopped, else PAUSED if paused"
+        description="FAILED if a part failed or a partition stopped, else UNREACHABLE if a "
+        "cluster does not answer, else PAUSED if paused"
     )
     parts: list[PartStatus]
     topics: list[TopicStatus]
-    lag_records: int
+    lag_records: int | None = Field(description="null (unknown) while a cluster is unreachable")
 
 
 class Health(BaseModel):
-    """Ready when every enabled flow runs: no part failed or paused, no partition stopped."""
+    """Ready when every enabled flow runs: no part failed, paused or unreachable, no
+    partition stopped."""
 
     ready: bool
     problems: list[str]
@@ -91,6 +103,8 @@ def flow_state(parts: Sequence[PartStatus]) -> PartState:
     """The worst state of a flow's parts."""
     if any(p.state == "FAILED" or p.failed_partitions for p in parts):
         return "FAILED"
+    if any(p.state == "UNREACHABLE" for p in parts):
+        return "UNREACHABLE"
     if any(p.state == "PAUSED" for p in parts):
         return "PAUSED"
     return "RUNNING"
@@ -103,7 +117,11 @@ def health(flows: Iterable[FlowStatus]) -> Health:
         if not flow.replicating:
             continue
         for part in flow.parts:
-            if part.state != "RUNNING":
+            if part.state == "UNREACHABLE":
+                problems.append(
+                    f"flow {flow.name}: {part.part} part UNREACHABLE: {'; '.join(part.unreachable)}"
+                )
+            elif part.state != "RUNNING":
                 problems.append(f"flow {flow.name}: {part.part} part {part.state}")
             for partition, reason in sorted(part.failed_partitions.items()):
                 problems.append(f"flow {flow.name}: partition {partition} stopped: {reason}")
@@ -185,6 +203,10 @@ def _seconds(value: float | None) -> str:
     return f"{value:.1f} s"
 
 
+def _lag(value: int | None) -> str:
+    return "unknown" if value is None else str(value)
+
+
 def _table(rows: Sequence[Sequence[str]], indent: str) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [
@@ -204,11 +226,14 @@ def format_status(flows: Sequence[FlowStatus], health: Health | None = None) -> 
         lines.append("no flows")
     for flow in flows:
         kind = "" if flow.replicating else "  (heartbeats only)"
-        lines.append(f"{flow.name}  {flow.state}  lag {flow.lag_records} records{kind}")
+        lag = "lag unknown" if flow.lag_records is None else f"lag {flow.lag_records} records"
+        lines.append(f"{flow.name}  {flow.state}  {lag}{kind}")
         part_rows = [["PART", "STATE", "RESTARTS", "ERROR"]]
         for part in flow.parts:
             error = ""
-            if part.trace:
+            if part.unreachable:
+                error = "; ".join(part.unreachable)
+            elif part.trace:
                 error = part.trace.strip().splitlines()[-1]
             elif part.failed_partitions:
                 error = f"stopped partitions: {', '.join(sorted(part.failed_partitions))}"
@@ -222,7 +247,7 @@ def format_status(flows: Sequence[FlowStatus], health: Health | None = None) -> 
                         topic.topic,
                         str(topic.partitions),
                         str(topic.records),
-                        str(topic.lag_records),
+                        _lag(topic.lag_records),
                         _seconds(topic.latency_p50_seconds),
                         _seconds(topic.latency_p99_seconds),
                     ]

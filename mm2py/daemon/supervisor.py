@@ -1,5 +1,9 @@
 """The replicator daemon: runs every enabled flow's parts, restarts failed ones, serves REST.
 
+Whether each cluster answers is watched in one place (mm2py.daemon.reachability): a
+part whose cluster has not answered for cluster.unreachable.grace.ms shows UNREACHABLE,
+and a part that failed meanwhile is restarted as soon as the cluster answers again.
+
 The REST API (mm2py.daemon.api) and /metrics share the listen address. Requests that
 pause, resume or restart a flow come on the API's threads; they and the
 supervisor take turns through one lock, so a part is never restarted by both.
@@ -26,6 +30,7 @@ from mm2py.daemon.parts.checkpoint import CheckpointPart
 from mm2py.daemon.parts.heartbeat import HeartbeatPart
 from mm2py.daemon.parts.source import SourcePart
 from mm2py.daemon.parts.sync import SyncPart
+from mm2py.daemon.reachability import ClusterProbe, Reachability, ReachabilityCollector
 from mm2py.daemon.status import (
     FlowStatus,
     Health,
@@ -104,6 +109,8 @@ class Supervised:
     failures: int = 0
     restart_at: float | None = None
     last_error: str | None = field(default=None)
+    # It failed while a cluster it uses was unreachable: restart it when that answers.
+    failed_in_outage: bool = False
 
 
 class Daemon:
@@ -128,6 +135,10 @@ class Daemon:
             Supervised(part)
             for part in build_parts(config, self.flows, self.metrics, heartbeat_flows)
         ]
+        self.reachability = build_reachability(config, [sup.part for sup in self.parts])
+        for sup in self.parts:
+            sup.part.reachability = self.reachability
+        self.metrics.registry.register(ReachabilityCollector(self.reachability))
         self._control = threading.RLock()
         self._latency = {
             sup.part.flow.name: LatencyWindow()
@@ -175,6 +186,11 @@ class Daemon:
         # the copy loops too, for 30-50 ms about twice a minute.
         gc.collect()
         gc.freeze()
+        probe = ClusterProbe(
+            self.reachability,
+            {a: self.config.cluster(a).librdkafka("admin") for a in self.reachability.aliases},
+        )
+        probe.start()
         for sup in self.parts:
             sup.part.start()
         try:
@@ -184,6 +200,7 @@ class Daemon:
                 self._record_latency()
         finally:
             self._stop_parts()
+            probe.stop()
             server.stop()
 
     def _supervise(self) -> None:
@@ -192,20 +209,24 @@ class Daemon:
             part = sup.part
             if part.running or part.idle_by_request:
                 continue
+            outages = self.reachability.outages(part.clusters())
             if sup.restart_at is None:
                 sup.failures += 1
                 sup.last_error = str(part.error) if part.error else "stopped"
+                sup.failed_in_outage = bool(outages)
                 delay = min(2.0 ** (sup.failures - 1), MAX_BACKOFF)
                 sup.restart_at = now + delay
                 log.warning(
-                    "flow %s: %s part stopped (%s); restarting in %.0fs",
+                    "flow %s: %s part stopped (%s)%s; restarting in %.0fs",
                     part.flow.name,
                     part.name,
                     sup.last_error,
+                    "".join(f", {o.describe()} unreachable" for o in outages),
                     delay,
                 )
-            elif now >= sup.restart_at:
+            elif now >= sup.restart_at or (sup.failed_in_outage and not outages):
                 sup.restart_at = None
+                sup.failed_in_outage = False
                 part.start()
 
     # -- control and status, for the REST API (called on its threads) ---------------
@@ -265,6 +286,10 @@ class Daemon:
                 topics = self._topic_status(part)
         if flow is None:
             raise KeyError(name)
+        # Lag measured before a cluster stopped answering is no longer known.
+        lag_unknown = bool(self.reachability.outages((flow.source, flow.target)))
+        if lag_unknown:
+            topics = [t.model_copy(update={"lag_records": None}) for t in topics]
         return FlowStatus(
             name=name,
             source=flow.source,
@@ -273,18 +298,27 @@ class Daemon:
             state=flow_state(parts),
             parts=parts,
             topics=topics,
-            lag_records=sum(t.lag_records for t in topics),
+            lag_records=None if lag_unknown else sum(t.lag_records or 0 for t in topics),
         )
 
     def health(self) -> Health:
         return health(self.flow_status(name) for name in self.flow_names())
 
-    @staticmethod
-    def _part_status(sup: Supervised) -> PartStatus:
+    def _part_status(self, sup: Supervised) -> PartStatus:
         part = sup.part
         failed = part.failed_partitions() if isinstance(part, SourcePart) else {}
         if part.paused and (part.running or part.idle_by_request):
             return PartStatus(part=part.name, state="PAUSED", restarts=sup.failures)
+        outages = self.reachability.outages(part.clusters())
+        if outages:
+            return PartStatus(
+                part=part.name,
+                state="UNREACHABLE",
+                restarts=sup.failures,
+                trace=None if part.running else (part.error_trace or sup.last_error),
+                failed_partitions=failed,
+                unreachable=[o.describe() for o in outages],
+            )
         if part.running:
             return PartStatus(
                 part=part.name, state="RUNNING", restarts=sup.failures, failed_partitions=failed
@@ -332,6 +366,17 @@ class Daemon:
         for t in stoppers:
             t.join(max(deadline - time.monotonic(), 0.1))
         log.info("mm2py stopped")
+
+
+def build_reachability(config: MirrorConfig, parts: Sequence[Part]) -> Reachability:
+    """Reachability of every cluster a part uses; a cluster's grace is the shortest of
+    the `cluster.unreachable.grace.ms` of the flows that use it."""
+    grace: dict[str, float] = {}
+    for part in parts:
+        for alias in part.clusters():
+            seconds = part.flow.settings.unreachable_grace
+            grace[alias] = min(grace.get(alias, seconds), seconds)
+    return Reachability({a: config.cluster(a).bootstrap_servers for a in grace}, grace)
 
 
 def _latency_counts(part: SourcePart) -> dict[str, list[int]]:

@@ -3,14 +3,18 @@
 Every client gets its connection settings from a cluster's config
 (`ClusterConfig.librdkafka(role)`) or, for local test clusters, from the
 launcher's recorded properties; tuning for a job is passed as `overrides`.
-librdkafka's own log lines go through Python logging, never to stderr.
+librdkafka's own log lines go through Python logging, never to stderr; its line for
+every failed connection attempt (tens a second while a cluster is down) is folded: the
+first per cluster a minute at WARNING, the rest at DEBUG. Whether a cluster is
+reachable is the daemon's business (mm2py.daemon.reachability), in one line per change.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer
@@ -23,11 +27,71 @@ _librdkafka_log = logging.getLogger("mm2py.librdkafka")
 ADMIN_TIMEOUT = 60.0
 
 
+# Connection-failure lines of librdkafka per cluster: at most one a window at WARNING.
+FOLD_WINDOW = 60.0
+
+
+class ConnectionLogFolder:
+    """Which connection-failure lines to show: the first per key in each window (thread-safe)."""
+
+    def __init__(
+        self, window: float = FOLD_WINDOW, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.window = window
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._shown: dict[str, float] = {}
+
+    def loud(self, key: str) -> bool:
+        """True for the first line of `key` in a window (show it); False for the rest."""
+        now = self._clock()
+        with self._lock:
+            last = self._shown.get(key)
+            if last is not None and now - last < self.window:
+                return False
+            self._shown[key] = now
+            return True
+
+
+def is_connection_failure(facility: str, message: str) -> bool:
+    """A librdkafka line about a failed or lost connection (facility FAIL), or all down."""
+    return facility == "FAIL" or message.endswith("brokers are down")
+
+
+_folder = ConnectionLogFolder()
+
+
+class ClusterLog:
+    """librdkafka's `logger` for the clients of one cluster: folds connection failures.
+
+    librdkafka calls `log(level, "%s [%s] %s", facility, client name, message)`.
+    """
+
+    def __init__(self, bootstrap: str, folder: ConnectionLogFolder | None = None) -> None:
+        self.bootstrap = bootstrap
+        self._folder = folder or _folder
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        if len(args) == 3 and is_connection_failure(str(args[0]), str(args[2])):
+            if self._folder.loud(self.bootstrap):
+                _librdkafka_log.log(
+                    logging.WARNING,
+                    fmt + " (more connection failures to %s within %.0f s are logged at DEBUG)",
+                    *args,
+                    self.bootstrap,
+                    self._folder.window,
+                )
+            else:
+                _librdkafka_log.log(logging.DEBUG, fmt, *args)
+            return
+        _librdkafka_log.log(level, fmt, *args)
+
+
 def _settings(props: Mapping[str, str], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
     settings: dict[str, Any] = dict(props)
     if overrides:
         settings.update(overrides)
-    settings.setdefault("logger", _librdkafka_log)
+    settings.setdefault("logger", ClusterLog(str(settings.get("bootstrap.servers", ""))))
     return settings
 
 

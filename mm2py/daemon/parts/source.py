@@ -256,7 +256,8 @@ class SourcePart(FlowPart):
     def _access_watch(
         self, cluster: ClusterConfig, props: Mapping[str, str]
     ) -> Callable[[KafkaError], None]:
-        """An error_cb that fails the part when `cluster` refuses the login or certificate.
+        """An error_cb that fails the part when `cluster` refuses the login or certificate,
+        and tells the daemon when `cluster` cannot be reached (`note_client_error`).
 
         A password changed or a certificate expired while the daemon runs shows when a
         connection is made again; librdkafka would retry forever. The part fails with
@@ -265,6 +266,7 @@ class SourcePart(FlowPart):
         """
 
         def watch(err: KafkaError) -> None:
+            self.note_client_error(cluster.alias, err)
             if clients.is_access_error(err) and self._access_failure is None:
                 self._access_failure = clients.access_problem(cluster.alias, props, err)
 
