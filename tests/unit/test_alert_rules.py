@@ -61,6 +61,7 @@ def test_every_alert_is_tested_and_a_rule_that_never_fires_fails_its_test(
         "Mm2pyRecordsSkipped",
         "Mm2pyHeartbeatStale",
         "Mm2pyPartFailing",
+        "Mm2pyClusterUnreachable",
     }
     cases = yaml.safe_load(CASES.read_text())
     tested = {
