@@ -36,6 +36,9 @@ UNREACHABLE_ERRORS = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_D
 
 PROBE_INTERVAL = 2.0
 PROBE_TIMEOUT = 10.0
+# librdkafka backs off reconnecting up to 10 s while a cluster is down; the probe tries
+# every second, so that a cluster that is back is seen within about PROBE_INTERVAL.
+PROBE_CLIENT_TUNING = {"reconnect.backoff.max.ms": 1000}
 
 
 def clock_time(wall: float) -> str:
@@ -230,7 +233,9 @@ class ClusterProbe:
     def _run(self) -> None:
         reach = self._reachability
         admins = {
-            alias: clients.admin_client(props, {"error_cb": reach.error_cb(alias)})
+            alias: clients.admin_client(
+                props, {**PROBE_CLIENT_TUNING, "error_cb": reach.error_cb(alias)}
+            )
             for alias, props in self._admin_props.items()
         }
         pending: dict[str, Future[Any]] = {}

@@ -163,11 +163,12 @@ def test_target_stopped_and_started_again(
         assert 'mm2py_cluster_reachable{cluster="C"} 0.0' in daemon.metrics()
         started_at = time.monotonic() - health.start
         clusters.kafka.start("C")
+        answered_at = time.monotonic() - health.start
         health.until(None, timeout=90, what="ready again after cluster C is back")
         copied = read_all(c, remote, expected=300, timeout=90)
         print(
             f"\n/health, target stopped at t={stopped_at:.1f}s, started at "
-            f"t={started_at:.1f}s:\n{health.report()}"
+            f"t={started_at:.1f}s, answering at t={answered_at:.1f}s:\n{health.report()}"
         )
         got = [(r.partition, r.key, r.value) for r in copied]
         want = [(p, k, v) for p, k, v in first + second]
