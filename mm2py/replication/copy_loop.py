@@ -13,7 +13,10 @@ and logs them (`PartitionStats.skipped`): the first record of a partition after 
 assignment, and the records of a partition whose log start passed what was read,
 are compared with the offset expected next. Offsets also jump over transaction
 markers and aborted records (read_committed), which the log start offset tells
-apart: only offsets below it were deleted.
+apart: only offsets below it were deleted. While copying, a partition is watched once
+its log start passes what was read, which `update_lag` sees (every second): a gap
+that the consumer fetches and the loop reaches within that second goes uncounted,
+librdkafka's "offset reset" WARNING then being its only sign.
 
 Progress is the last source offset the target acknowledged, recorded in
 ``mm2-offsets.<source>.internal``; offset syncs follow `SyncRule`. Everything here
