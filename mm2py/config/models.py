@@ -231,6 +231,10 @@ class FlowSettings(BaseModel):
         int, BeforeValidator(_parse_int), AfterValidator(_check_at_least(1000))
     ] = Field(30000, alias="cluster.unreachable.grace.ms")
 
+    # mm2py's own (no MM2 key): series of the replication metrics per partition rather
+    # than per topic (README, Metrics).
+    metrics_partition_labels: Bool = Field(False, alias="metrics.partition.labels")
+
     heartbeats_topic_replication_factor: CountOrBrokerDefault = Field(
         3, alias="heartbeats.topic.replication.factor"
     )

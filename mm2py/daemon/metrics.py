@@ -23,14 +23,15 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from mm2py.replication.stats import LATENCY_BUCKETS, ReplicationStats
+from mm2py.replication.stats import LATENCY_BUCKETS, PartitionStats, ReplicationStats
 
 # mm2py_records_skipped_total's reason for records the source deleted before the copy.
 SKIPPED_DELETED = "deleted_before_copy"
 
 
 class ReplicationCollector(Collector):
-    """Renders every registered flow's `ReplicationStats` as metric families."""
+    """Renders every registered flow's `ReplicationStats` as metric families: a series
+    per remote topic, or per partition for a flow that asks for it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -46,6 +47,9 @@ class ReplicationCollector(Collector):
                 self._flows.remove(stats)
 
     def collect(self) -> Iterator[Metric]:
+        # A flow with ``metrics.partition.labels = false`` (the default) passes three label
+        # values: add_metric zips them with these names, so its series have no partition
+        # label and `sum by (topic)` reads the same either way.
         labels = ["source", "target", "topic", "partition"]
         records = CounterMetricFamily(
             "mm2py_records", "Records copied to the target (acknowledged).", labels=labels
@@ -84,8 +88,19 @@ class ReplicationCollector(Collector):
             for topic, count in by_topic.items():
                 skipped.add_metric([flow.source, flow.target, topic, SKIPPED_DELETED], count)
         for flow in flows:
-            for (topic, partition), stats in list(flow.partitions.items()):
-                values = [flow.source, flow.target, topic, str(partition)]
+            rows: list[tuple[list[str], PartitionStats]]
+            if flow.partition_labels:
+                rows = [
+                    ([flow.source, flow.target, topic, str(partition)], stats)
+                    for (topic, partition), stats in list(flow.partitions.items())
+                ]
+            else:
+                # Summed at scrape time, the copy loop counting per partition as always.
+                rows = [
+                    ([flow.source, flow.target, topic], stats)
+                    for topic, stats in flow.by_topic().items()
+                ]
+            for values, stats in rows:
                 records.add_metric(values, stats.records)
                 size.add_metric(values, stats.bytes)
                 lag.add_metric(values, stats.lag)

@@ -6,7 +6,9 @@ the daemon's metrics turn these into metric families at scrape time.
 
 from __future__ import annotations
 
+import operator
 from bisect import bisect_left
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 # Seconds; from sub-millisecond copies up to records that waited minutes.
@@ -45,6 +47,11 @@ class Histogram:
         self.counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1
         self.total += seconds
 
+    def add(self, other: Histogram) -> None:
+        """Count `other`'s observations in this one too."""
+        self.counts = list(map(operator.add, self.counts, other.counts))
+        self.total += other.total
+
     def buckets(self) -> list[tuple[str, float]]:
         """Cumulative (le, count) pairs as Prometheus expects them."""
         out: list[tuple[str, float]] = []
@@ -68,13 +75,42 @@ class PartitionStats:
     latency: Histogram = field(default_factory=Histogram)
 
 
-class ReplicationStats:
-    """Per-flow statistics of the source part, keyed by (remote topic, partition)."""
+# PartitionStats' histograms, and its counters and gauges (numbers): what `summed` adds.
+_HISTOGRAMS = tuple(k for k, v in vars(PartitionStats()).items() if isinstance(v, Histogram))
+_NUMBERS = tuple(k for k in vars(PartitionStats()) if k not in _HISTOGRAMS)
 
-    def __init__(self, source: str, target: str) -> None:
+
+def summed(partitions: Iterable[PartitionStats]) -> PartitionStats:
+    """One `PartitionStats` adding up the counters, gauges and histograms of several."""
+    out = PartitionStats()
+    for stats in partitions:
+        for name in _NUMBERS:
+            setattr(out, name, getattr(out, name) + getattr(stats, name))
+        for name in _HISTOGRAMS:
+            getattr(out, name).add(getattr(stats, name))
+    return out
+
+
+class ReplicationStats:
+    """Per-flow statistics of the source part, keyed by (remote topic, partition).
+
+    `partition_labels`: whether the metrics show each partition or only topics
+    (``metrics.partition.labels``).
+    """
+
+    def __init__(self, source: str, target: str, partition_labels: bool = False) -> None:
         self.source = source
         self.target = target
+        self.partition_labels = partition_labels
         self.partitions: dict[tuple[str, int], PartitionStats] = {}
+
+    def by_topic(self) -> dict[str, PartitionStats]:
+        """The statistics of each remote topic, summed over its partitions (a snapshot;
+        the copy loop may add partitions meanwhile)."""
+        grouped: dict[str, list[PartitionStats]] = {}
+        for (topic, _partition), stats in list(self.partitions.items()):
+            grouped.setdefault(topic, []).append(stats)
+        return {topic: summed(group) for topic, group in grouped.items()}
 
     def partition(self, topic: str, partition: int) -> PartitionStats:
         key = (topic, partition)

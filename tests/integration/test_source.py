@@ -81,7 +81,9 @@ def test_records_are_copied_byte_equal_per_partition(
     create_topic(cluster_a, unique, partitions=3)
     sent = awkward_records(300, partitions=3)
     produce(cluster_a, unique, sent)
-    with running_daemon(_config(tmp_path, cluster_a, cluster_b, unique)) as daemon:
+    # Per-partition series (off by default) so that each partition's count shows.
+    config = _config(tmp_path, cluster_a, cluster_b, unique, **{"metrics.partition.labels": "true"})
+    with running_daemon(config) as daemon:
         copied = _copied(cluster_b, f"A.{unique}", 300)
         assert _by_partition(copied) == _by_partition(read_all(cluster_a, unique))
         metrics = daemon.metrics()

@@ -74,7 +74,9 @@ class SourcePart(FlowPart):
         metrics: Metrics,
     ) -> None:
         super().__init__(flow, source, target, metrics)
-        self.stats = ReplicationStats(flow.source, flow.target)
+        self.stats = ReplicationStats(
+            flow.source, flow.target, flow.settings.metrics_partition_labels
+        )
         metrics.replication.add(self.stats)
         self._loop: CopyLoop | None = None
         self._access_failure: str | None = None
