@@ -46,8 +46,12 @@ log = logging.getLogger(__name__)
 
 BATCH_SIZE = 5000
 # While records await acknowledgement, wait at most this long for new ones: their
-# delivery reports (progress, offset syncs, latency) are served between batches.
-ACK_POLL_TIMEOUT = 0.1
+# delivery reports (progress, offset syncs, latency) are served between batches, so a
+# report waits for the end of the current wait or batch. This bounds how late the
+# replication latency taken in it can be (plus the batch's copying time, ~3 us a
+# record); 1,000 short polls a second cost little CPU, and only while records are in
+# flight.
+ACK_POLL_TIMEOUT = 0.001
 LEARN_TOPIC_TIMEOUT = 2.0
 # Show at most this many partitions in an INFO line; the whole list goes to DEBUG.
 LOGGED_PARTITIONS = 20
@@ -377,6 +381,8 @@ class CopyLoop:
         state.acked_downstream = downstream
         stats = state.stats
         stats.records += 1
+        # Not `msg.latency()`: confluent-kafka takes it when the report is served, like
+        # this clock; serving reports promptly (ACK_POLL_TIMEOUT) is what makes both exact.
         stats.latency.observe(time.time() - msg.timestamp()[1] / 1000.0)
 
     def _fail_partition(self, state: PartitionState, offset: int, reason: str, size: int) -> None:

@@ -11,7 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mm2py.config import load_config
 from mm2py.daemon.metrics import Metrics
+from mm2py.replication.copy_loop import ACK_POLL_TIMEOUT, CopyLoop, NewPartition
 from mm2py.replication.stats import LATENCY_BUCKETS, ReplicationStats, summed
+from tests.unit.replication.test_copy_loop import FakeConsumer, FakeProducer, FakeProgress, Record
 
 FAMILIES = (
     "mm2py_records",
@@ -126,6 +128,37 @@ def test_the_key_is_read_globally_and_per_flow(tmp_path: Path) -> None:
     assert config.flow("B", "A").settings.metrics_partition_labels is False
     path.write_text("clusters = A, B\nA.bootstrap.servers = a:9092\nB.bootstrap.servers = b:9092\n")
     assert load_config(path).flow("A", "B").settings.metrics_partition_labels is False
+
+
+def test_delivery_reports_are_served_within_a_millisecond_while_records_are_in_flight() -> None:
+    """The latency is taken when a delivery report is served: the source is never waited
+    on for longer than ACK_POLL_TIMEOUT (1 ms) while acknowledgements are due."""
+    waits: list[float] = []
+
+    class Consumer(FakeConsumer):
+        def poll(self, timeout: float) -> Record | None:
+            waits.append(timeout)
+            return super().poll(timeout)
+
+    producer = FakeProducer()
+    producer.hold = True  # acknowledgements still to come
+    loop = CopyLoop(
+        "A->B",
+        "B",
+        Consumer(),
+        producer,
+        FakeProgress(),  # type: ignore[arg-type]
+        None,
+        ReplicationStats("A", "B"),
+        {},
+        poll_timeout=1.0,
+    )
+    loop.assign([NewPartition("t", 0, "A.t")], {("t", 0): 0})
+    assert loop.copy_batch(lambda: False)  # nothing in flight: the poll timeout
+    loop.consumer.queued.append(Record("t", 0, 0))
+    assert loop.copy_batch(lambda: False)  # taken at once: no wait
+    assert loop.copy_batch(lambda: False)  # it awaits its acknowledgement
+    assert waits == [1.0, ACK_POLL_TIMEOUT] and ACK_POLL_TIMEOUT <= 0.001
 
 
 def _buckets(
