@@ -13,10 +13,11 @@ and logs them (`PartitionStats.skipped`): the first record of a partition after 
 assignment, and the records of a partition whose log start passed what was read,
 are compared with the offset expected next. Offsets also jump over transaction
 markers and aborted records (read_committed), which the log start offset tells
-apart: only offsets below it were deleted. While copying, a partition is watched once
-its log start passes what was read, which `update_lag` sees (every second): a gap
-that the consumer fetches and the loop reaches within that second goes uncounted,
-librdkafka's "offset reset" WARNING then being its only sign.
+apart: only offsets below it were deleted. While copying, librdkafka's "offset reset"
+log line (`OffsetResetLog`, served on the loop's thread before the records fetched
+after the reset) names the position it reset from; the first record at or after it
+tells where the gap ends. Should that line change, a partition is also watched once
+`update_lag` sees its log start pass what was read.
 
 Progress is the last source offset the target acknowledged, recorded in
 ``mm2-offsets.<source>.internal``; offset syncs follow `SyncRule`. Everything here
@@ -27,6 +28,7 @@ reading the statistics.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -55,6 +57,29 @@ ACK_POLL_TIMEOUT = 0.001
 LEARN_TOPIC_TIMEOUT = 2.0
 # Show at most this many partitions in an INFO line; the whole list goes to DEBUG.
 LOGGED_PARTITIONS = 20
+# The `until` of a partition watched after librdkafka reset its position: its first
+# record at or after that position tells where the reset took it.
+AFTER_RESET = 2**62
+# librdkafka's line (facility OFFSET) when it resets a partition's position, e.g.
+# "[thrd:main]: t [0]: offset reset (at offset 20 (leader epoch -1), broker 1) to ...".
+_OFFSET_RESET = re.compile(r"(?:^|: )(\S+) \[(\d+)\]: offset reset \(at offset (\d+)")
+
+
+class OffsetResetLog:
+    """The copy consumer's librdkafka `logger`: passes every line on to `inner` and
+    tells `on_reset` (the copy loop's `offset_reset`) which partition was reset, and
+    the position it was reset from."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.on_reset: Callable[[str, int, int], None] | None = None
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        self.inner.log(level, fmt, *args)
+        if self.on_reset is not None and len(args) == 3 and args[0] == "OFFSET":
+            found = _OFFSET_RESET.search(str(args[2]))
+            if found:
+                self.on_reset(found[1], int(found[2]), int(found[3]))
 
 
 @dataclass(frozen=True)
@@ -310,17 +335,29 @@ class CopyLoop:
                 continue
             expected, until = watch
             offset = msg.offset()
-            if offset > expected:
+            if until == AFTER_RESET:
+                if offset < expected:
+                    continue  # fetched before the reset
+                if offset > expected:
+                    self._deleted_before_copy(where, expected, offset)
+                del watched[where]
+                continue
+            if offset < expected:
+                del watched[where]  # gone back: its topic was created anew
+                continue
+            # Below `until` (the log start when it was watched; its start offset + 1) a
+            # record was fetched before the deletion: a jump there is a transaction marker.
+            if offset > expected and offset >= until:
                 self._deleted_before_copy(where, expected, offset)
             if offset + 1 >= until:
                 del watched[where]
             else:
                 watched[where] = (offset + 1, until)
 
-    def _deleted_before_copy(self, where: SourcePartition, expected: int, offset: int) -> None:
+    def _deleted_before_copy(self, where: SourcePartition, expected: int, offset: int) -> bool:
         """The partition's records from `expected` were not read, `offset` was: those
-        below its log start offset were deleted; the others were transaction markers or
-        aborted records."""
+        below its log start offset were deleted (counted and logged: True); the others
+        were transaction markers or aborted records."""
         tp = TopicPartition(*where)
         try:
             # Cached: every fetch response carries the log start offset, and the one that
@@ -339,10 +376,10 @@ class CopyLoop:
                 offset - 1,
                 exc.args[0].str(),
             )
-            return
+            return False
         end = min(low, offset)  # exclusive
         if end <= expected:
-            return
+            return False
         state = self.by_source[where]
         state.stats.skipped += end - expected
         log.warning(
@@ -358,6 +395,29 @@ class CopyLoop:
             self.stats.source,
             extra=partition_fields(*where),
         )
+        return True
+
+    def offset_reset(self, topic: str, partition: int, position: int) -> None:
+        """librdkafka reset the partition's fetch `position` (out of range): records from
+        there to the first one read after it were deleted, unless markers. Called by
+        `OffsetResetLog` on the loop's thread, before the records fetched after it."""
+        where = (topic, partition)
+        state = self.by_source.get(where)
+        if state is None or state.gone or state.failure is not None:
+            return
+        watch = self._watched.get(where)
+        if watch is not None and watch[1] == watch[0] + 1 and watch[0] == position:
+            return  # at its start: the assignment's check is the same
+        self._watched[where] = (position, AFTER_RESET)
+
+    def _last_read(self, state: PartitionState) -> int | None:
+        """The last offset the loop took of a partition; before any, the one before its
+        start (None when it started at the beginning, wherever that was)."""
+        last_read = state.inflight[-1] if state.inflight else state.acked
+        if last_read < 0:
+            start = self._starts.get((state.topic, state.partition))
+            return None if start is None else start - 1
+        return last_read
 
     def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
         state = self._by_remote[(msg.topic(), msg.partition())]
@@ -479,19 +539,17 @@ class CopyLoop:
         watch = self._watched.get(where)
         if watch is not None:
             expected, until = watch
-            # Watched since its assignment, with nothing to read: nothing was lost, and
-            # a later deletion is watched for as below. Batches need no check meanwhile.
-            if until == expected + 1 and low <= expected and 0 <= high <= expected:
+            # Watched since its assignment or a reset, with nothing to read: nothing was
+            # lost, and a later deletion is watched for anew. Batches need no check
+            # meanwhile.
+            fresh = until in (expected + 1, AFTER_RESET)
+            if fresh and low <= expected and 0 <= high <= expected:
                 del self._watched[where]
             return
         if state.failure is not None:
             return
-        last_read = state.inflight[-1] if state.inflight else state.acked
-        if last_read < 0:  # nothing read yet: from where it was assigned, if known
-            if where not in self._starts:
-                return
-            last_read = self._starts[where] - 1
-        if low > last_read + 1:
+        last_read = self._last_read(state)
+        if last_read is not None and low > last_read + 1:
             self._watched[where] = (last_read + 1, low)
 
     def finish(self, deadline: float) -> None:

@@ -31,7 +31,7 @@ from mm2py.replication.client_settings import (
     PRODUCER_REQUIRED,
     copy_settings,
 )
-from mm2py.replication.copy_loop import CopyLoop
+from mm2py.replication.copy_loop import CopyLoop, OffsetResetLog
 from mm2py.replication.offset_syncs import OffsetSyncWriter, ensure_offset_syncs_topic
 from mm2py.replication.progress import ProgressStore
 from mm2py.replication.stats import ReplicationStats
@@ -129,6 +129,8 @@ class SourcePart(FlowPart):
         stored = progress.load()
         syncs = self._open_sync_writer(source_admin, target_admin)
         self._access_failure = None
+        # Tells the copy loop which partitions librdkafka reset (records deleted unread).
+        reset_log = OffsetResetLog(clients.ClusterLog(source_props.get("bootstrap.servers", "")))
         consumer = clients.consumer(
             source_props,
             {
@@ -139,6 +141,7 @@ class SourcePart(FlowPart):
                     f"cluster {flow.source} consumer",
                 ),
                 "error_cb": self._access_watch(self.source, source_props),
+                "logger": reset_log,
             },
         )
         producer = clients.producer(
@@ -165,6 +168,7 @@ class SourcePart(FlowPart):
             on_partition_failed=self.errors.inc,
             poll_timeout=rules.settings.consumer_poll_timeout,
         )
+        reset_log.on_reset = loop.offset_reset
         self._loop = loop
         discovery = TopicDiscovery(rules, source_admin, target_admin, producer, set(stored))
         found: queue.SimpleQueue[TopicChanges] = queue.SimpleQueue()

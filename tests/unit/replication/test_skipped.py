@@ -17,7 +17,7 @@ from prometheus_client import generate_latest
 
 from mm2py.daemon.metrics import Metrics
 from mm2py.daemon.status import FlowStatus, PartStatus, TopicStatus, format_status
-from mm2py.replication.copy_loop import CopyLoop, NewPartition
+from mm2py.replication.copy_loop import AFTER_RESET, CopyLoop, NewPartition, OffsetResetLog
 from mm2py.replication.offset_syncs import OffsetSyncWriter
 from mm2py.replication.stats import ReplicationStats
 from tests.unit.replication.test_copy_loop import (
@@ -220,3 +220,59 @@ def test_a_partition_started_at_the_beginning_never_counts_what_went_before() ->
     loop.update_lag()
     _copy(loop, 1000, 1001)
     assert _skipped(loop) == 0
+
+
+RESET_LINE = (
+    "[thrd:main]: t [0]: offset reset (at offset 13 (leader epoch -1), broker 1) to offset "
+    "BEGINNING (leader epoch -1): fetch failed due to requested offset not available on "
+    "the broker: Broker: Offset out of range"
+)
+
+
+class Lines:
+    def __init__(self) -> None:
+        self.lines: list[tuple[int, str]] = []
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        self.lines.append((level, fmt % args))
+
+
+def test_librdkafka_reset_line_names_where_the_gap_starts_past_prefetched_markers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    loop = _loop()
+    loop.assign([NewPartition("t", 0, "A.t")], {("t", 0): 0})
+    _copy(loop, *range(8))
+    inner = Lines()
+    reset_log = OffsetResetLog(inner)
+    reset_log.on_reset = loop.offset_reset
+    # librdkafka had fetched up to 12 (11 a commit marker) when 13..49 were deleted.
+    loop.consumer.low[("t", 0)] = 50
+    reset_log.log(4, "%s [%s] %s", "OFFSET", "rdkafka#consumer-1", RESET_LINE)
+    reset_log.log(7, "%s [%s] %s", "FETCH", "rdkafka#consumer-1", "t [0]: not a reset")
+    assert [level for level, _line in inner.lines] == [4, 7]  # every line passed on
+    assert inner.lines[0][1].endswith(RESET_LINE)
+    assert loop._watched == {("t", 0): (13, AFTER_RESET)}
+    with caplog.at_level(logging.WARNING):
+        _copy(loop, 8, 9, 10, 12)
+        assert _skipped(loop) == 0
+        _copy(loop, 50, 51)
+    assert _skipped(loop) == 37
+    assert _lines(caplog) == [f"flow A->B: A t-0: {LINE.format(13, 49, 37)}"]
+    assert loop._watched == {}
+
+
+def test_a_marker_fetched_before_the_deletion_is_not_counted_when_watched_from_the_lag(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    loop = _loop()
+    loop.assign([NewPartition("t", 0, "A.t")], {("t", 0): 0})
+    _copy(loop, *range(10))
+    loop.consumer.low[("t", 0)] = 50
+    loop.update_lag()
+    assert loop._watched == {("t", 0): (10, 50)}
+    _copy(loop, 10, 12)  # 11: a commit marker, fetched before 13..49 were deleted
+    assert _skipped(loop) == 0
+    _copy(loop, 50)
+    assert _skipped(loop) == 37
+    assert loop._watched == {}
