@@ -27,9 +27,10 @@ from typing import Annotated, Any, Protocol
 import uvicorn
 from fastapi import FastAPI, Path
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from mm2py import __version__
+from mm2py.daemon.metrics import exposition
 from mm2py.daemon.status import FlowStatus, Health, Problem, Version, resolve_flow
 
 log = logging.getLogger(__name__)
@@ -161,7 +162,7 @@ def build_app(control: FlowControl) -> FastAPI:
         summary="Prometheus metrics",
     )
     def metrics() -> Response:
-        return Response(generate_latest(control.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(exposition(control.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
 

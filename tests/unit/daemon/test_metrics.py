@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mm2py.config import load_config
-from mm2py.daemon.metrics import Metrics
+from mm2py.daemon.metrics import Metrics, exposition
 from mm2py.replication.copy_loop import ACK_POLL_TIMEOUT, CopyLoop, NewPartition
 from mm2py.replication.stats import LATENCY_BUCKETS, ReplicationStats, summed
 from tests.unit.replication.test_copy_loop import FakeConsumer, FakeProducer, FakeProgress, Record
@@ -173,3 +173,25 @@ def _buckets(
         if d == labels:
             out[le] = value
     return out
+
+
+def test_exposition_writes_what_prometheus_client_writes() -> None:
+    """/metrics writes the replication families itself, byte for byte as generate_latest."""
+    metrics = Metrics()
+    metrics.replication.add(_stats(partition_labels=False))
+    metrics.replication.add(_stats(partition_labels=True, source='C "quoted"\\ and\nnewline'))
+    empty = ReplicationStats("D", "B")  # a flow with no partitions yet
+    metrics.replication.add(empty)
+    skipping = _stats(partition_labels=False, source="E")
+    skipping.partitions[("A.t", 1)].skipped = 40
+    skipping.partitions[("A.t", 0)].lag = 12345678901
+    skipping.partitions[("A.u", 0)].latency.observe(1e-7)
+    metrics.replication.add(skipping)
+    metrics.errors.labels("A", "B", "source").inc()
+    metrics.flow_info.labels("A->B", "A", "B").set(1)
+    metrics.checkpoint_latency.labels("A", "B", "g").observe(0.3)
+    expected = generate_latest(metrics.registry)
+    assert "mm2py_records_total" in expected.decode() and "mm2py_errors_total" in expected.decode()
+    assert exposition(metrics.registry) == expected
+    assert exposition(metrics.registry) == expected  # the collector is back in the registry
+    assert exposition(CollectorRegistry()) == b""
