@@ -15,9 +15,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 log = logging.getLogger(__name__)
@@ -25,6 +27,9 @@ _librdkafka_log = logging.getLogger("mm2py.librdkafka")
 
 # How long an admin request may take unless a flow's `admin.timeout.ms` says (MM2: 60 s).
 ADMIN_TIMEOUT = 60.0
+# A request's future is awaited this much longer than the request's own timeout, so that
+# the request's error (naming the cause) arrives rather than a bare timeout.
+RESULT_GRACE = 5.0
 
 
 # Connection-failure lines of librdkafka per cluster: at most one a window at WARNING.
@@ -113,6 +118,16 @@ def consumer(props: Mapping[str, str], overrides: Mapping[str, Any] | None = Non
     settings.setdefault("group.id", "mm2py-unused")
     settings.setdefault("enable.auto.commit", False)
     return Consumer(settings)
+
+
+def admin_result(future: Future[Any], timeout: float) -> Any:
+    """An admin request's result; a request that never answers raises a KafkaException
+    (_TIMED_OUT) that says how long it waited, never a TimeoutError without a message."""
+    try:
+        return future.result(timeout=timeout + RESULT_GRACE)
+    except FutureTimeout:
+        error = KafkaError(KafkaError._TIMED_OUT, f"no answer within {timeout:.0f} s")
+        raise KafkaException(error) from None
 
 
 def error_text(exc: BaseException) -> str:

@@ -13,7 +13,7 @@ from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.admin._resource import ResourceType
 
 from mm2py.compat.topic_configs import ConfigValue
-from mm2py.kafka.clients import ADMIN_TIMEOUT, error_text
+from mm2py.kafka.clients import ADMIN_TIMEOUT, admin_result, error_text
 
 
 @dataclass
@@ -43,7 +43,7 @@ def describe_topic_configs(
         return out
     for resource, future in futures.items():
         try:
-            entries: Mapping[str, Any] = future.result(timeout=timeout)
+            entries: Mapping[str, Any] = admin_result(future, timeout)
         except KafkaException as exc:
             out.unreadable[resource.name] = (
                 f"cannot read the configs of topic {resource.name!r} on cluster "

@@ -21,13 +21,10 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
-from mm2py.kafka.clients import ADMIN_TIMEOUT
+from mm2py.kafka.clients import ADMIN_TIMEOUT, admin_result
 
 log = logging.getLogger(__name__)
 
-# Waiting for a future a little longer than its request's own timeout, so that the
-# request's error (naming the cause) arrives rather than a bare timeout.
-_RESULT_GRACE = 5.0
 # The group states in which a group has no members (DEAD: unknown to the cluster).
 IDLE_GROUP_STATES = frozenset({ConsumerGroupState.EMPTY, ConsumerGroupState.DEAD})
 
@@ -56,10 +53,8 @@ class GroupActivity:
 
 
 def list_groups(admin: AdminClient, timeout: float = ADMIN_TIMEOUT) -> list[str]:
-    """The ids of every consumer group of a cluster (raises KafkaException, TimeoutError)."""
-    listed = admin.list_consumer_groups(request_timeout=timeout).result(
-        timeout=timeout + _RESULT_GRACE
-    )
+    """The ids of every consumer group of a cluster (raises KafkaException)."""
+    listed = admin_result(admin.list_consumer_groups(request_timeout=timeout), timeout)
     return [g.group_id for g in listed.valid]
 
 
@@ -116,8 +111,8 @@ def _answers(
     """(group, result) of each request that succeeded; the others are logged."""
     for group, future in futures.items():
         try:
-            result = future.result(timeout=timeout + _RESULT_GRACE)
-        except (KafkaException, TimeoutError) as exc:
+            result = admin_result(future, timeout)
+        except KafkaException as exc:
             log.error("%s group %s on cluster %s: %s", doing, group, cluster_alias, exc)
             continue
         yield group, result
@@ -129,13 +124,13 @@ def commit_group_offsets(
     offsets: Mapping[tuple[str, int], CommittedOffset],
     timeout: float = ADMIN_TIMEOUT,
 ) -> None:
-    """Set `group`'s offsets of these partitions (raises KafkaException, TimeoutError)."""
+    """Set `group`'s offsets of these partitions (raises KafkaException)."""
     partitions = [_topic_partition(t, p, c) for (t, p), c in sorted(offsets.items())]
     if not partitions:
         return
     request = [ConsumerGroupTopicPartitions(group, partitions)]
     result = admin.alter_consumer_group_offsets(request, request_timeout=timeout)[group]
-    done = result.result(timeout=timeout + _RESULT_GRACE)
+    done = admin_result(result, timeout)
     failed = [tp for tp in done.topic_partitions or [] if tp.error is not None]
     if failed:
         raise KafkaException(failed[0].error)

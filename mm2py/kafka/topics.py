@@ -16,7 +16,7 @@ from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewPartitions, NewTopic
 
-from mm2py.kafka.clients import ADMIN_TIMEOUT
+from mm2py.kafka.clients import ADMIN_TIMEOUT, admin_result
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def list_offsets(
     out: dict[tuple[str, int], int] = {}
     for tp, future in futures.items():
         try:
-            out[(tp.topic, tp.partition)] = int(future.result(timeout=timeout).offset)
+            out[(tp.topic, tp.partition)] = int(admin_result(future, timeout).offset)
         except KafkaException as exc:
             raise TopicAdminError(
                 f"reading the offsets of {tp.topic}-{tp.partition} on cluster {cluster_alias}: "
@@ -156,7 +156,7 @@ def create_topics(
     for name, future in futures.items():
         spec = by_name[name]
         try:
-            future.result(timeout=timeout)
+            admin_result(future, timeout)
         except KafkaException as exc:
             err = exc.args[0]
             if err.name() != "TOPIC_ALREADY_EXISTS":
@@ -218,7 +218,7 @@ def grow_topics(
     failed: dict[str, TopicAdminError] = {}
     for name, future in futures.items():
         try:
-            future.result(timeout=timeout)
+            admin_result(future, timeout)
         except KafkaException as exc:
             failed[name] = TopicAdminError(
                 f"cannot add partitions to topic {name!r} on cluster {cluster_alias} "
