@@ -51,9 +51,12 @@ BATCH_SIZE = 5000
 # delivery reports (progress, offset syncs, latency) are served between batches, so a
 # report waits for the end of the current wait or batch. This bounds how late the
 # replication latency taken in it can be (plus the batch's copying time, ~3 us a
-# record); 1,000 short polls a second cost little CPU, and only while records are in
-# flight.
+# record). When no acknowledgement came for a while (a slow or unreachable target)
+# the wait grows to a tenth of that time, up to ACK_POLL_MAX: a report is then late by
+# at most ~10% of its latency, and a loop waiting on a dead target wakes 10 times a
+# second, not 1,000 (~3% of a core).
 ACK_POLL_TIMEOUT = 0.001
+ACK_POLL_MAX = 0.1
 LEARN_TOPIC_TIMEOUT = 2.0
 # Show at most this many partitions in an INFO line; the whole list goes to DEBUG.
 LOGGED_PARTITIONS = 20
@@ -142,7 +145,10 @@ class CopyLoop:
         self._stored = dict(stored)  # progress found at start
         self._on_partition_failed = on_partition_failed
         self._poll_timeout = poll_timeout
-        self._ack_poll_timeout = min(poll_timeout, ACK_POLL_TIMEOUT)
+        self._ack_poll_max = min(poll_timeout, ACK_POLL_MAX)
+        # When the loop last saw an acknowledgement, or began waiting for one (monotonic).
+        self._ack_seen_at: float | None = None
+        self._acked = False  # a delivery report was served since `_ack_wait` last looked
         self.by_source: dict[SourcePartition, PartitionState] = {}
         self._by_remote: dict[tuple[str, int], PartitionState] = {}
         # Set (from any thread) when the loop must end so that the part restarts.
@@ -273,7 +279,11 @@ class CopyLoop:
         by_source = self.by_source
         produce = self.producer.produce
         on_delivery = self._on_delivery
-        wait = self._ack_poll_timeout if len(self.producer) else self._poll_timeout
+        if len(self.producer):
+            wait = self._ack_wait()
+        else:
+            wait = self._poll_timeout
+            self._ack_seen_at = None
         msgs = consume_batch(self.consumer, BATCH_SIZE, wait)
         if self._watched:
             self._check_skipped(msgs)
@@ -419,7 +429,17 @@ class CopyLoop:
             return None if start is None else start - 1
         return last_read
 
+    def _ack_wait(self) -> float:
+        """How long to wait for records while acknowledgements are due (see ACK_POLL_MAX)."""
+        now = time.monotonic()
+        if self._acked or self._ack_seen_at is None:
+            self._ack_seen_at = now
+            self._acked = False
+        waited = now - self._ack_seen_at
+        return min(max(waited / 10, ACK_POLL_TIMEOUT), self._ack_poll_max)
+
     def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
+        self._acked = True
         state = self._by_remote[(msg.topic(), msg.partition())]
         upstream = state.inflight.popleft()
         if err is not None:

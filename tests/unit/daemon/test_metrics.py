@@ -4,14 +4,18 @@ loop serves the delivery reports its latency is taken in."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from pytest import MonkeyPatch
 
 from mm2py.config import load_config
 from mm2py.daemon.metrics import Metrics, exposition
-from mm2py.replication.copy_loop import ACK_POLL_TIMEOUT, CopyLoop, NewPartition
+from mm2py.replication.copy_loop import ACK_POLL_MAX, ACK_POLL_TIMEOUT, CopyLoop, NewPartition
 from mm2py.replication.stats import LATENCY_BUCKETS, ReplicationStats, summed
 from tests.unit.replication.test_copy_loop import FakeConsumer, FakeProducer, FakeProgress, Record
 
@@ -195,3 +199,41 @@ def test_exposition_writes_what_prometheus_client_writes() -> None:
     assert exposition(metrics.registry) == expected
     assert exposition(metrics.registry) == expected  # the collector is back in the registry
     assert exposition(CollectorRegistry()) == b""
+
+
+def test_the_wait_for_acknowledgements_grows_while_none_come(monkeypatch: MonkeyPatch) -> None:
+    """A tenth of the time without an acknowledgement, from 1 ms up to ACK_POLL_MAX; back to
+    1 ms once one comes, and when nothing is in flight the poll timeout."""
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    waits: list[float] = []
+
+    class Consumer(FakeConsumer):
+        def poll(self, timeout: float) -> Record | None:
+            waits.append(timeout)
+            return super().poll(timeout)
+
+    producer = FakeProducer()
+    producer.hold = True
+    progress: Any = FakeProgress()
+    loop = CopyLoop(
+        "A->B", "B", Consumer(), producer, progress, None, ReplicationStats("A", "B"), {}
+    )
+    loop.assign([NewPartition("t", 0, "A.t")], {("t", 0): 0})
+    loop.consumer.queued.append(Record("t", 0, 0))
+    assert loop.copy_batch(lambda: False)  # produced; its acknowledgement is due
+    for advance in (0.0, 0.05, 0.45, 5.0):
+        clock[0] += advance
+        assert loop.copy_batch(lambda: False)
+    assert waits == pytest.approx([ACK_POLL_TIMEOUT, 0.005, 0.05, ACK_POLL_MAX])
+    producer.hold = False
+    producer.poll()  # the acknowledgement comes
+    loop.consumer.queued.append(Record("t", 0, 1))
+    producer.hold = True
+    assert loop.copy_batch(lambda: False)
+    assert loop.copy_batch(lambda: False)
+    assert waits[-1] == ACK_POLL_TIMEOUT
+    producer.hold = False
+    producer.poll()
+    assert loop.copy_batch(lambda: False)
+    assert waits[-1] == 1.0  # nothing in flight: consumer.poll.timeout.ms
