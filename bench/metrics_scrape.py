@@ -9,8 +9,9 @@ on ``<prefix>-.*`` (mm2py.dev.mirrormaker.mm2_properties for A->B, plus any
 ``--set KEY=VALUE``, e.g. ``--set metrics.partition.labels=true``). Once B holds every
 record (so every partition's series exist and its histograms hold observations), the
 daemon is left idle for `--settle` seconds, then ``GET /metrics`` is sent `--scrapes`
-times, one second apart, without compression (what the figures are about; the gzip
-size is computed here from the same body, as Prometheus would receive it).
+times, one second apart, without compression, then as often with ``Accept-Encoding:
+gzip`` as Prometheus scrapes (``gzip_sent_bytes``: the body as sent, its full length if the
+daemon does not compress; ``gzip_scrape_ms_median``).
 
 Measured per scrape: ``scrape_ms``, request sent to the whole body read (the daemon
 collects and renders while its copy loops idle); reported as min, median and max.
@@ -77,9 +78,11 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def scrape(listen: str) -> tuple[float, bytes]:
-    """One uncompressed GET /metrics: (seconds to the whole body, body)."""
-    request = urllib.request.Request(f"http://{listen}/metrics", headers={"Accept-Encoding": ""})
+def scrape(listen: str, encoding: str = "") -> tuple[float, bytes]:
+    """One GET /metrics with this Accept-Encoding: (seconds to the whole body, body as sent)."""
+    request = urllib.request.Request(
+        f"http://{listen}/metrics", headers={"Accept-Encoding": encoding}
+    )
     started = time.perf_counter()
     with urllib.request.urlopen(request, timeout=30) as resp:
         body: bytes = resp.read()
@@ -119,6 +122,13 @@ def one_run(
                 took, body = scrape(listen)
                 times.append(took)
                 time.sleep(1)
+            # As Prometheus scrapes: it always asks for gzip.
+            sent_times: list[float] = []
+            sent = b""
+            for _ in range(args.scrapes):
+                took, sent = scrape(listen, "gzip")
+                sent_times.append(took)
+                time.sleep(1)
             load_after = _load()
     finally:
         log.info("deleting %s-* on A and %s* on B", source.prefix, remote_prefix)
@@ -139,6 +149,8 @@ def one_run(
         "scrape_ms_median": round(1000 * statistics.median(times), 1),
         "scrape_ms_max": round(1000 * max(times), 1),
         "scrapes": len(times),
+        "gzip_sent_bytes": len(sent),
+        "gzip_scrape_ms_median": round(1000 * statistics.median(sent_times), 1),
         "load_before": load_before,
         "load_after": load_after,
         "mm2py": str(Path(mm2py.__file__).parent),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -51,9 +52,18 @@ class RunningDaemon:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://{self.listen}/metrics", timeout=5) as resp:
-            return str(resp.read().decode())
+    def metrics(self, gzipped: bool = False) -> str:
+        """GET /metrics as text; `gzipped` asks for gzip, as Prometheus does, and checks
+        that it came so."""
+        request = urllib.request.Request(f"http://{self.listen}/metrics")
+        if gzipped:
+            request.add_header("Accept-Encoding", "gzip")
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            body = resp.read()
+            if gzipped:
+                assert resp.headers["Content-Encoding"] == "gzip"
+                body = gzip.decompress(body)
+            return str(body.decode())
 
     def status(self, flow: str) -> str:
         """GET /flows/{flow}/status, as text."""

@@ -18,6 +18,7 @@ its own, so the daemon's parts and supervisor stay plain threads.
 
 # No `from __future__ import annotations`: FastAPI reads the endpoints' annotations at
 # runtime, including the FlowName alias local to build_app.
+import gzip
 import logging
 import socket
 import threading
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, Protocol
 
 import uvicorn
-from fastapi import FastAPI, Path
+from fastapi import FastAPI, Header, Path
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
@@ -161,8 +162,17 @@ def build_app(control: FlowControl) -> FastAPI:
         responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "metrics"}},
         summary="Prometheus metrics",
     )
-    def metrics() -> Response:
-        return Response(exposition(control.registry), media_type=CONTENT_TYPE_LATEST)
+    def metrics(accept_encoding: Annotated[str, Header()] = "") -> Response:
+        body = exposition(control.registry)
+        if "gzip" not in accept_encoding:
+            return Response(body, media_type=CONTENT_TYPE_LATEST)
+        # Prometheus always asks for gzip: 2,000 partitions' text (2.5 MB) is sent as
+        # ~80 KB. Level 1: most of the saving for a fraction of the time of level 9.
+        return Response(
+            gzip.compress(body, compresslevel=1),
+            media_type=CONTENT_TYPE_LATEST,
+            headers={"Content-Encoding": "gzip", "Vary": "Accept-Encoding"},
+        )
 
     return app
 

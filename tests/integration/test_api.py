@@ -129,6 +129,9 @@ def test_pause_stops_reading_and_resume_continues_without_gap_or_duplicate(
         code, problem = _call(daemon, "GET", "/flows/X-%3EY/status")
         assert code == 404 and "A->B" in problem["message"]
         assert 'mm2py_flow_info{flow="A->B",source="A",target="B"} 1.0' in daemon.metrics()
+        scraped = daemon.metrics(gzipped=True)  # as Prometheus asks for it
+        assert 'mm2py_flow_info{flow="A->B",source="A",target="B"} 1.0' in scraped
+        assert f'mm2py_records_total{{source="A",target="B",topic="{remote}"}}' in scraped
         assert _contents(read_all(cluster_b, remote)) == _contents(read_all(cluster_a, unique))
         # The lag is refreshed every second: it reaches 0 once the copy is seen.
         topic = wait_until(
