@@ -42,6 +42,7 @@ from tests.kafka_helpers import create_topic, wait_until
 pytestmark = pytest.mark.integration
 
 PARTITIONS = 2
+WARM_UP_SECONDS = 10.0
 
 
 def _latency_counts(daemon: RunningDaemon, topic: str) -> list[int]:
@@ -137,16 +138,25 @@ def test_latency_metric_matches_arrival_on_target(
     seconds: float,
 ) -> None:
     remote = f"A.{unique}"
+    warm = f"{unique}-warm"
     create_topic(cluster_a, unique, partitions=PARTITIONS)
+    create_topic(cluster_a, warm, partitions=PARTITIONS)
     config = tmp_path / "mm2.properties"
-    config.write_text(mm2_properties(cluster_a, cluster_b, unique))
+    config.write_text(mm2_properties(cluster_a, cluster_b, f"{unique}|{warm}"))
     with running_daemon(config) as daemon:
-        # Warm up: the remote topic exists and copying runs before anything is measured.
-        warm_up = _produce_steadily(cluster_a, unique, 10, 1.0)
+        # Warm up at the measured rate, on a topic of its own (the status's one-minute
+        # window of the measured topic holds only its own records): copying runs, and
+        # brokers started a moment ago (their JIT still cold: p50 above a second at
+        # 5,000/s in the first minute) are up to speed before anything is measured.
+        warmed = _produce_steadily(cluster_a, warm, rate, WARM_UP_SECONDS)
+        first = _produce_steadily(cluster_a, unique, 10, 1.0)
         wait_until(
-            lambda: _observed(daemon, remote) >= warm_up or None,
+            lambda: (
+                (_observed(daemon, f"A.{warm}") >= warmed and _observed(daemon, remote) >= first)
+                or None
+            ),
             timeout=60,
-            what=f"the warm-up records copied to {remote}",
+            what=f"the warm-up records copied to A.{warm} and {remote}",
         )
         before = _latency_counts(daemon, remote)
         watcher = Watcher(cluster_b, remote)
