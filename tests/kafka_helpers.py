@@ -16,6 +16,12 @@ from mm2py.kafka import clients
 T = TypeVar("T")
 
 
+# Record timestamps for test data: an hour ago, on whole seconds. The local brokers keep
+# Kafka's default retention (7 days) and check it 30 s after they start and every 5 min
+# after; records stamped years ago were deleted under the tests that copy them.
+RECENT_MS = (int(time.time()) - 3600) * 1000
+
+
 def wait_until(
     probe: Callable[[], T | None], timeout: float = 30.0, interval: float = 0.2, what: str = ""
 ) -> T:
@@ -172,5 +178,5 @@ def awkward_records(count: int, partitions: int) -> list[tuple[Any, ...]]:
         key = None if i % 7 == 0 else f"key-{i}".encode()
         value = None if i % 11 == 0 else bytes([i % 256]) * (i % 50)
         headers = [("h", b"\x00\x01"), ("h", f"{i}".encode()), ("empty", b""), ("n", None)]
-        sent.append((i % partitions, key, value, headers, 1_600_000_000_000 + i * 1000))
+        sent.append((i % partitions, key, value, headers, RECENT_MS + i * 1000))
     return sent

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from mm2py.kafka import clients
 from mm2py.replication.progress import ProgressStore
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.kafka_helpers import (
+    RECENT_MS,
     Rec,
     awkward_records,
     create_topic,
@@ -344,16 +346,17 @@ def test_from_and_until_select_records_by_timestamp(
     cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
 ) -> None:
     create_topic(cluster_a, unique, partitions=2)
-    start = 1_700_000_000_000  # 2023-11-14T22:13:20Z
+    start = RECENT_MS  # on a whole second
     produce(
         cluster_a,
         unique,
         [(i % 2, None, f"{i}".encode(), [], start + i * 1000) for i in range(100)],
     )
+    record_20 = datetime.fromtimestamp((start + 20_000) / 1000, UTC)
     done = _backfill(
         _config(tmp_path, cluster_a, cluster_b, unique),
         "--from",
-        "2023-11-14T22:13:40Z",  # record 20
+        record_20.strftime("%Y-%m-%dT%H:%M:%SZ"),  # ISO-8601, as users write it
         "--until",
         str(start + 70_000),  # record 70, not copied
     )

@@ -18,7 +18,7 @@ from confluent_kafka.admin import (
 
 from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka import clients
-from tests.kafka_helpers import create_topic, produce, read_all
+from tests.kafka_helpers import RECENT_MS, create_topic, produce, read_all
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,7 @@ def test_records_round_trip_with_headers_and_timestamps(
             f"k{i}".encode(),
             f"v{i}".encode(),
             [("h", b"\x00\xff"), ("h", None)],
-            1_700_000_000_000 + i,
+            RECENT_MS + i,
         )
         for i in range(30)
         for p in [i % 3]

@@ -15,7 +15,15 @@ import pytest
 from mm2py.dev.launcher import LocalCluster
 from mm2py.dev.mirrormaker import RealMirrorMaker, mm2_properties, render_properties
 from tests.daemon_harness import running_daemon
-from tests.kafka_helpers import Rec, create_topic, end_offsets, produce, read_all, wait_until
+from tests.kafka_helpers import (
+    RECENT_MS,
+    Rec,
+    create_topic,
+    end_offsets,
+    produce,
+    read_all,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +54,7 @@ def _batch(
             f"k{i}".encode(),
             f"v{i}".encode(),
             [("n", str(i).encode())],
-            1_700_000_000_000 + i,
+            RECENT_MS + i,
         )
         for i in range(start, start + HALF)
     ]

@@ -33,7 +33,7 @@ from mm2py.kafka import clients
 from tests.conftest import Clusters
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.integration.test_sync import SCRAM, secured_properties
-from tests.kafka_helpers import create_topic, produce, read_all, topic_names, wait_until
+from tests.kafka_helpers import RECENT_MS, create_topic, produce, read_all, topic_names, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -91,8 +91,7 @@ def _copy_and_check_secrets(
     source: LocalCluster, target: LocalCluster, config: Path, topic: str, secrets: list[str]
 ) -> None:
     sent = [
-        (0, f"k{i}".encode(), f"v{i}".encode(), [("h", b"x")], 1_700_000_000_000 + i)
-        for i in range(50)
+        (0, f"k{i}".encode(), f"v{i}".encode(), [("h", b"x")], RECENT_MS + i) for i in range(50)
     ]
     produce(source, topic, sent)
     remote = f"{source.alias}.{topic}"

@@ -12,7 +12,15 @@ from mm2py.dev.launcher import LocalCluster
 from mm2py.dev.mirrormaker import render_properties
 from tests.conftest import Clusters
 from tests.daemon_harness import running_daemon
-from tests.kafka_helpers import Rec, create_topic, produce, read_all, topic_names, wait_until
+from tests.kafka_helpers import (
+    RECENT_MS,
+    Rec,
+    create_topic,
+    produce,
+    read_all,
+    topic_names,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -111,7 +119,7 @@ def test_chain_delivers_two_hop_copies_intact(
     a, b, c = clusters["A"], clusters["B"], clusters["C"]
     create_topic(a, unique, partitions=2)
     sent = [
-        (i % 2, f"k{i}".encode(), f"v{i}".encode(), [("h", f"{i}".encode())], 1_700_000_000_000 + i)
+        (i % 2, f"k{i}".encode(), f"v{i}".encode(), [("h", f"{i}".encode())], RECENT_MS + i)
         for i in range(40)
     ]
     produce(a, unique, sent)

@@ -14,7 +14,7 @@ from confluent_kafka import Producer, TopicPartition
 from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka import clients
 from tests.daemon_harness import mm2_properties, running_daemon
-from tests.kafka_helpers import create_topic, end_offsets, produce, wait_until
+from tests.kafka_helpers import RECENT_MS, create_topic, end_offsets, produce, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +57,7 @@ def test_verify_proves_equal_copies_and_catches_a_corrupted_target(
             f"k{i}".encode() if i % 5 else None,
             f"v{i}".encode(),
             [("h", b"x")],
-            1_700_000_000_000 + i,
+            RECENT_MS + i,
         )
         for i in range(200)
     ]
