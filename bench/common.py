@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -486,3 +487,15 @@ class PeakRss:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a daemon's --listen)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def load_averages() -> list[float]:
+    """The 1, 5 and 15 minute load averages, for the JSON lines."""
+    return [round(x, 2) for x in os.getloadavg()]

@@ -60,9 +60,7 @@ if __package__ in (None, ""):
 import argparse
 import contextlib
 import logging
-import os
 import re
-import socket
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -81,6 +79,8 @@ from bench.common import (
     check_alive,
     delete_topics,
     emit,
+    free_port,
+    load_averages,
     local_clusters,
     logs_dir,
     running_command,
@@ -110,12 +110,6 @@ class Source:
     prefix: str
     topics: list[str]
     ends: dict[tuple[str, int], int]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _admin(cluster: LocalCluster) -> AdminClient:
@@ -301,10 +295,6 @@ def _broker_pids() -> dict[str, int | None]:
     return {alias: kafka.pid(alias) for alias in ("A", "B")}
 
 
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 def _seconds(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
@@ -333,16 +323,16 @@ def one_run(
         config = run_dir / f"{source.prefix}.properties"
         config.write_text(render_properties(props), encoding="latin-1")
         cmd = [sys.executable, "-m", "mm2py.cli", "run", str(config)]
-        cmd += ["--listen", f"127.0.0.1:{_free_port()}"]
+        cmd += ["--listen", f"127.0.0.1:{free_port()}"]
         log_file = config.with_suffix(".log")
-        load_before = _load()
+        load_before = load_averages()
         brokers = _broker_pids()
         log.info("starting the daemon on %s-*", source.prefix)
         wall_spawned = time.time()
         spawned = time.monotonic()
         with running_command("mm2py", cmd, log_file) as (running, proc):
             watch = watch_remote(target, source, source_cluster.alias, spawned, running, timeout)
-            load_after = _load()
+            load_after = load_averages()
         restarted = [a for a, pid in _broker_pids().items() if pid != brokers[a]]
         facts = read_log(log_file)
     finally:
@@ -411,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             # On shared clusters another user's test may restart one mid-run.
             failures += 1
             log.error("run failed: %s", e)
-            emit({"system": "mm2py", "error": str(e), "load": _load()})
+            emit({"system": "mm2py", "error": str(e), "load": load_averages()})
     return 1 if failures else 0
 
 

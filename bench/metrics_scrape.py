@@ -35,9 +35,7 @@ if __package__ in (None, ""):
 import argparse
 import gzip
 import logging
-import os
 import re
-import socket
 import statistics
 import time
 import urllib.request
@@ -48,6 +46,8 @@ from bench.common import (
     ReplicatorError,
     delete_topics,
     emit,
+    free_port,
+    load_averages,
     local_clusters,
     logs_dir,
     running_command,
@@ -66,16 +66,6 @@ REPLICATION: Final = (
     "mm2py_record_age_seconds",
     "mm2py_replication_latency_seconds",
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def scrape(listen: str, encoding: str = "") -> tuple[float, bytes]:
@@ -108,14 +98,14 @@ def one_run(
         )
         config = run_dir / f"{source.prefix}.properties"
         config.write_text(render_properties(props), encoding="latin-1")
-        listen = f"127.0.0.1:{_free_port()}"
+        listen = f"127.0.0.1:{free_port()}"
         cmd = [sys.executable, "-m", "mm2py.cli", "run", str(config), "--listen", listen]
         log.info("starting the daemon on %s-* (%s)", source.prefix, extra or "default settings")
         with running_command("mm2py", cmd, config.with_suffix(".log")) as (running, _proc):
             watch_remote(target, source, source_cluster.alias, time.monotonic(), running, 600)
             log.info("all copied; idle for %.0f s, then %d scrapes", args.settle, args.scrapes)
             time.sleep(args.settle)
-            load_before = _load()
+            load_before = load_averages()
             times: list[float] = []
             body = b""
             for _ in range(args.scrapes):
@@ -129,7 +119,7 @@ def one_run(
                 took, sent = scrape(listen, "gzip")
                 sent_times.append(took)
                 time.sleep(1)
-            load_after = _load()
+            load_after = load_averages()
     finally:
         log.info("deleting %s-* on A and %s* on B", source.prefix, remote_prefix)
         delete_topics(source_cluster, source.topics)
@@ -180,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         emit(one_run(local_clusters(["A", "B"]), args, run_dir))
     except ReplicatorError as e:
         log.error("run failed: %s", e)
-        emit({"system": "mm2py", "error": str(e), "load": _load()})
+        emit({"system": "mm2py", "error": str(e), "load": load_averages()})
         return 1
     return 0
 

@@ -61,6 +61,7 @@ from bench.common import (
     delete_topics,
     emit,
     end_offsets,
+    free_port,
     local_clusters,
     logs_dir,
     prefill,
@@ -192,12 +193,6 @@ def bench_clusters() -> tuple[dict[str, LocalCluster], LocalKafka | None]:
 # -- the replicators under test ------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def topic_properties(source: LocalCluster, target: LocalCluster, topic: str) -> dict[str, str]:
     """The MM2 properties every system gets here: replicate only `topic`, source->target."""
     # The topic regex is anchored by MM2's matches().
@@ -225,7 +220,7 @@ def replicating(
     config = run_dir / f"mm2py-{topic}.properties"
     config.write_text(render_properties(props), encoding="latin-1")
     cmd = [sys.executable, "-m", "mm2py.cli", "run", str(config)]
-    cmd += ["--listen", f"127.0.0.1:{_free_port()}"]
+    cmd += ["--listen", f"127.0.0.1:{free_port()}"]
     with running_command(system, cmd, config.with_suffix(".log")) as (running, _):
         yield running
 
