@@ -18,7 +18,7 @@ from confluent_kafka.admin import (
 
 from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka import clients
-from tests.kafka_helpers import RECENT_MS, create_topic, produce, read_all
+from tests.kafka_helpers import RECENT_MS, create_topic, produce, read_all, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -61,20 +61,24 @@ def test_scram_cluster_enforces_acls_created_through_admin_api(
     )
     admin.create_acls([binding])[binding].result(timeout=30)
 
-    described = admin.describe_acls(
-        AclBindingFilter(
-            ResourceType.TOPIC,
-            unique,
-            ResourcePatternType.LITERAL,
-            None,
-            None,
-            AclOperation.ANY,
-            AclPermissionType.ANY,
-        )
-    ).result(timeout=30)
-    assert [(b.principal, b.operation, b.permission_type) for b in described] == [
-        ("User:alice", AclOperation.WRITE, AclPermissionType.ALLOW)
-    ]
+    acl_filter = AclBindingFilter(
+        ResourceType.TOPIC,
+        unique,
+        ResourcePatternType.LITERAL,
+        None,
+        None,
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
+
+    def described() -> list[tuple[str, AclOperation, AclPermissionType]]:
+        bindings = admin.describe_acls(acl_filter).result(timeout=30)
+        return [(b.principal, b.operation, b.permission_type) for b in bindings]
+
+    # The controller commits the ACL; the broker answers from its metadata a moment later.
+    wanted = [("User:alice", AclOperation.WRITE, AclPermissionType.ALLOW)]
+    wait_until(lambda: described() or None, timeout=30, what="the ACL described")
+    assert described() == wanted
 
     # alice may write; bob, with no ACL, is refused by the authorizer.
     assert produce(secured_cluster, unique, [(0, b"k", b"by-alice")], user="alice") == 1
