@@ -71,7 +71,7 @@ from bench.common import (
 )
 from bench.pipe_limit import pipe_limit
 from mm2py.dev.jars import cache_root
-from mm2py.dev.launcher import BROKER_PORTS, LocalCluster, LocalKafka
+from mm2py.dev.launcher import LocalCluster, LocalKafka, broker_port
 from mm2py.dev.mirrormaker import (
     MirrorMakerError,
     RealMirrorMaker,
@@ -172,7 +172,7 @@ def _port_open(port: int) -> bool:
 
 def bench_clusters() -> tuple[dict[str, LocalCluster], LocalKafka | None]:
     """Clusters A and B, and the LocalKafka to tear down afterwards if we started them."""
-    ports = [BROKER_PORTS[a] + k for a in ("A", "B") for k in (0, 1)]  # broker, controller
+    ports = [broker_port(a) + k for a in ("A", "B") for k in (0, 1)]  # broker, controller
     taken = [p for p in ports if _port_open(p)]
     if taken:
         # The fixed ports are shared with everyone's tests: we cannot start our own.

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 # Fixed ports so configs/ and the README can name them.
 # F is above Linux's ephemeral range (32768-60999), so no client socket takes its port.
 BROKER_PORTS = {"A": 19092, "B": 29092, "C": 39092, "D": 49092, "E": 59092, "F": 61092}
+# Shifts every port above, so that two sets of local clusters (say, two engineers'
+# test runs on one machine) can run side by side, each with its own MM2PY_LOCAL_DIR.
+PORT_OFFSET_VARIABLE = "MM2PY_LOCAL_PORT_OFFSET"
 SCRAM_MECHANISM = "SCRAM-SHA-512"
 SCRAM_USERS = ("admin", "alice", "bob")
 STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
@@ -41,6 +44,18 @@ STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 
 class LocalClusterError(Mm2pyError):
     """A local cluster could not be started, stopped or found."""
+
+
+def broker_port(alias: str) -> int:
+    """The local cluster's broker port (its controller listens on the next one)."""
+    raw = os.environ.get(PORT_OFFSET_VARIABLE, "0")
+    try:
+        offset = int(raw)
+    except ValueError:
+        raise LocalClusterError(
+            f"{PORT_OFFSET_VARIABLE}={raw!r} is not a whole number; unset it or give e.g. 200"
+        ) from None
+    return BROKER_PORTS[alias] + offset
 
 
 def default_state_dir() -> Path:
@@ -258,7 +273,7 @@ class LocalKafka:
         shutil.rmtree(home, ignore_errors=True)
         (home / "logs").mkdir(parents=True)
         users = {u: secrets.token_urlsafe(12) for u in SCRAM_USERS} if secure else {}
-        cluster = LocalCluster(alias, BROKER_PORTS[alias], secure, home, users, tls)
+        cluster = LocalCluster(alias, broker_port(alias), secure, home, users, tls)
         for port in (cluster.port, cluster.controller_port):
             if _port_open(port):
                 raise LocalClusterError(

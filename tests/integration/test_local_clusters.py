@@ -16,7 +16,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from mm2py.dev.launcher import LocalCluster
+from mm2py.dev.launcher import LocalCluster, broker_port
 from mm2py.kafka import clients
 from tests.kafka_helpers import RECENT_MS, create_topic, produce, read_all, wait_until
 
@@ -110,5 +110,5 @@ def test_cli_status_lists_running_clusters(
         text=True,
         check=True,
     )
-    assert "A  127.0.0.1:19092  running" in done.stdout
-    assert "B  127.0.0.1:29092  running" in done.stdout
+    assert f"A  127.0.0.1:{broker_port('A')}  running" in done.stdout
+    assert f"B  127.0.0.1:{broker_port('B')}  running" in done.stdout
