@@ -1,6 +1,6 @@
 """The daemon's REST API, shaped like Kafka Connect's, and /metrics on the same address.
 
-    GET  /                        version
+    GET  /                        version, commit, Kafka cluster ID (as Kafka Connect's)
     GET  /flows                   names of the flows the daemon runs (A->B)
     GET  /flows/{flow}/status     each part's state (RUNNING/PAUSED/FAILED, trace), topics, lag
     PUT  /flows/{flow}/pause      stop reading records (202)
@@ -9,6 +9,9 @@
     GET  /health                  200 when every enabled flow runs, else 503
     GET  /metrics                 Prometheus exposition
     GET  /openapi.json            this API's OpenAPI document
+
+Beside it, on the same listener, Kafka Connect's REST API over the same flows
+(mm2py.daemon.connect_api: /connectors, /connector-plugins, Connect's error body).
 
 `{flow}` is `A->B` percent-encoded (`A-%3EB`; most clients encode `>` themselves),
 or `A-B` when that names exactly one flow. FastAPI generates the OpenAPI document
@@ -31,8 +34,10 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from mm2py import __version__
+from mm2py.config import MirrorConfig
+from mm2py.daemon import connect_api
 from mm2py.daemon.metrics import exposition
-from mm2py.daemon.status import FlowStatus, Health, Problem, Version, resolve_flow
+from mm2py.daemon.status import FlowStatus, Health, Problem, resolve_flow
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +49,12 @@ class FlowControl(Protocol):
 
     @property
     def registry(self) -> CollectorRegistry: ...
+
+    @property
+    def config(self) -> MirrorConfig: ...
+
+    @property
+    def listen(self) -> str: ...
 
     def flow_names(self) -> list[str]: ...
 
@@ -97,10 +108,6 @@ def build_app(control: FlowControl) -> FastAPI:
         if action is not None:
             action(name)
         return control.flow_status(name)
-
-    @app.get("/", response_model=Version, summary="mm2py's version")
-    def version() -> Version:
-        return Version(version=__version__)
 
     @app.get("/flows", response_model=list[str], summary="the flows this daemon runs")
     def list_flows() -> list[str]:
@@ -174,6 +181,7 @@ def build_app(control: FlowControl) -> FastAPI:
             headers={"Content-Encoding": "gzip", "Vary": "Accept-Encoding"},
         )
 
+    connect_api.mount(app, control)
     return app
 
 

@@ -69,7 +69,9 @@ def test_pause_stops_reading_and_resume_continues_without_gap_or_duplicate(
     produce(cluster_a, unique, _batch(0, 100))
     with running_daemon(config, global_args=["--log-format", "json"]) as daemon:
         wait_until(lambda: _ready(daemon), timeout=30, what="the REST API")
-        assert _call(daemon, "GET", "/") == (200, {"name": "mm2py", "version": "0.1.0"})
+        code, root = _call(daemon, "GET", "/")
+        assert code == 200 and (root["name"], root["version"]) == ("mm2py", "0.1.0")
+        assert root.keys() == {"name", "version", "commit", "kafka_cluster_id"}
         code, flows = _call(daemon, "GET", "/flows")
         assert code == 200 and flows[0] == "A->B"
         wait_until(
