@@ -4,8 +4,18 @@ partitions, with progress and offset syncs.
 Which partitions it copies is decided outside (the source part's topic discovery
 today, a task assignment tomorrow): `assign` starts partitions, `unassign` lets them
 go. Every record keeps its partition, key, value, headers and timestamp; the source
-is read `read_committed`. The only per-record Python work is the produce call and
-its delivery report, which tells the record's target offset.
+is read `read_committed`.
+
+Records are handled in runs (`Run`): the records of one partition with consecutive
+source offsets in one batch. What is done per record is only what must be: reading
+its fields, the produce call, and on its delivery report one comparison, that its
+target offset is the one after the previous record's. Everything else happens once a
+run: finding the partition, the offset sync rule (the distance between source and
+target offsets can only change at a run's first record or where that comparison
+fails, a gap on the target), progress, and the statistics (`Histogram.observe_span`:
+the first and last record's values, the ones between spread evenly). A run's
+records are acknowledged in order (one partition, idempotent producer), so when its
+last one is, all are.
 
 Records the source deleted before they were copied (retention, truncation,
 `delete_records`) make the consumer reset to the log start offset; the loop counts
@@ -19,7 +29,8 @@ after the reset) names the position it reset from; the first record at or after 
 tells where the gap ends. Should that line change, a partition is also watched once
 `update_lag` sees its log start pass what was read.
 
-Progress is the last source offset the target acknowledged, recorded in
+Progress is the last source offset the target acknowledged (the last record of a
+run all acknowledged, or the one before a rejected record), recorded in
 ``mm2-offsets.<source>.internal``; offset syncs follow `SyncRule`. Everything here
 runs on the one thread that owns the loop, except `failed_partitions()` and
 reading the statistics.
@@ -30,7 +41,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +73,8 @@ LOGGED_PARTITIONS = 20
 # The `until` of a partition watched after librdkafka reset its position: its first
 # record at or after that position tells where the reset took it.
 AFTER_RESET = 2**62
+# A run's record count while records are still being added to it.
+OPEN_RUN = 2**62
 # librdkafka's line (facility OFFSET) when it resets a partition's position, e.g.
 # "[thrd:main]: t [0]: offset reset (at offset 20 (leader epoch -1), broker 1) to ...".
 _OFFSET_RESET = re.compile(r"(?:^|: )(\S+) \[(\d+)\]: offset reset \(at offset (\d+)")
@@ -102,15 +114,68 @@ class PartitionState:
     partition: int
     remote_topic: str
     stats: PartitionStats
-    inflight: deque[int] = field(default_factory=deque)  # source offsets awaiting acks
+    read: int = -1  # last source offset produced to the target
     acked: int = -1  # last source offset the target acknowledged
     acked_downstream: int = -1
     submitted: int = -1  # last offset sent to the progress topic
     committed: int = -1  # last offset the progress topic acknowledged
     syncs: SyncRule = field(default_factory=SyncRule)
     failure: str | None = None
+    failed_at: int = AFTER_RESET  # the first source offset the target rejected
+    acking: Run | None = None  # the run whose delivery reports come now
     gone: bool = False  # its source topic was deleted; unassigned until it exists again
     failed_size: int = 0
+
+
+class Run:
+    """Records of one source partition with consecutive offsets, produced in one batch.
+
+    Its `on_delivery` is every record's delivery callback; reports come in the order
+    the records were produced. Target offsets are expected to follow each other: a
+    record at `expect` is counted with one comparison; anything else (the run's first
+    report, a gap on the target, an error) goes to the loop's `_delivery_slow`.
+    """
+
+    __slots__ = (
+        "base",
+        "count",
+        "errors",
+        "expect",
+        "first",
+        "loop",
+        "state",
+        "stop",
+        "ts",
+        "ts_last",
+    )
+
+    def __init__(self, loop: CopyLoop, state: PartitionState, first: int, ts: int) -> None:
+        self.loop = loop
+        self.state = state
+        self.first = first  # source offset of its first record
+        self.ts = ts  # timestamp (ms) of its first record
+        self.ts_last = ts  # and of its last
+        self.count = OPEN_RUN  # records produced; set when the run is closed
+        self.expect = -1  # target offset of the next record; -1 before the first report
+        self.base = 0  # target offset its first record would have at the current distance
+        self.errors = 0  # reports with an error before the first acknowledgement
+        self.stop = -1  # `expect` once every record is acknowledged (known when closed)
+
+    def on_delivery(self, err: KafkaError | None, msg: Any) -> None:
+        if err is None and msg.offset() == self.expect:
+            self.expect += 1
+            if self.expect == self.stop:
+                self.loop._run_acknowledged(self)
+            return
+        self.loop._delivery_slow(self, err, msg)
+
+    def close(self, count: int) -> None:
+        """No more records: `count` were produced."""
+        self.count = count
+        if self.expect >= 0:
+            self.stop = self.base + count
+            if self.expect == self.stop:
+                self.loop._run_acknowledged(self)
 
 
 class CopyLoop:
@@ -276,9 +341,6 @@ class CopyLoop:
         record then waiting was not sent: progress, acknowledged records only, stays
         right). Raises RuntimeError when the part must restart.
         """
-        by_source = self.by_source
-        produce = self.producer.produce
-        on_delivery = self._on_delivery
         if len(self.producer):
             wait = self._ack_wait()
         else:
@@ -288,51 +350,88 @@ class CopyLoop:
         if self._watched:
             self._check_skipped(msgs)
         wall = time.time()
+        by_source = self.by_source
+        produce = self.producer.produce
+        run: Run | None = None
+        state: PartitionState | None = None
+        on_delivery: Callable[[KafkaError | None, Any], None] = _no_run
+        topic, partition, remote = "", -1, ""
+        nxt = -1  # the source offset that continues the current run
+        produced = size = ts = 0  # of the current run: records, key+value bytes, last timestamp
         for msg in msgs:
             if msg.error() is not None:
                 self._consume_error(msg)
                 continue
-            state = by_source[(msg.topic(), msg.partition())]
-            if state.failure is not None:
-                continue
             offset = msg.offset()
-            ts = msg.timestamp()[1]
+            if offset != nxt or msg.partition() != partition or msg.topic() != topic:
+                # Another partition, or a gap in this one (markers, aborted or deleted
+                # records): the distance to the target may change here.
+                if run is not None:
+                    assert state is not None
+                    self._close_run(run, state, produced, size, ts, wall)
+                    run = None
+                topic, partition = msg.topic(), msg.partition()
+                state = by_source[(topic, partition)]
+                if state.failure is not None:
+                    nxt = -1  # its records are dropped one by one until it is paused
+                    continue
+                remote = state.remote_topic
+                run = Run(self, state, offset, msg.timestamp()[1])
+                on_delivery = run.on_delivery
+                produced = size = 0
             key = msg.key()
             value = msg.value()
-            state.inflight.append(offset)
-            stats = state.stats
-            stats.record_age.observe(wall - ts / 1000.0)
-            stats.bytes += (len(key) if key else 0) + (len(value) if value else 0)
+            ts = msg.timestamp()[1]
+            # Positional arguments: keywords cost a third of the call (0.9 -> 0.6 us).
+            # The sixth is the `on_delivery` alias of the fifth (`callback`).
+            args = (remote, value, key, partition, on_delivery, None, ts, msg.headers())
             try:
-                produce(
-                    state.remote_topic,
-                    value,
-                    key,
-                    state.partition,
-                    on_delivery=on_delivery,
-                    timestamp=ts,
-                    headers=msg.headers(),
-                )
+                produce(*args)
             except BufferError:
                 # The target is slower than the source: wait for acknowledgements.
-                args = (state.remote_topic, value, key, state.partition)
-                kwargs = {"on_delivery": on_delivery, "timestamp": ts, "headers": msg.headers()}
                 try:
-                    sent = produce_when_room(self.producer, args, kwargs, give_up)
+                    sent = produce_when_room(self.producer, args, {}, give_up)
                 except KafkaException as exc:
-                    state.inflight.pop()
+                    assert run is not None and state is not None
+                    self._close_run(run, state, produced, size, ts, wall)
+                    run, nxt = None, -1
                     self._fail_partition(state, offset, exc.args[0].str(), _size(msg))
                     continue
                 if not sent:
-                    state.inflight.pop()
+                    if run is not None:
+                        assert state is not None
+                        self._close_run(run, state, produced, size, ts, wall)
                     return False
             except KafkaException as exc:
-                state.inflight.pop()
+                assert run is not None and state is not None
+                self._close_run(run, state, produced, size, ts, wall)
+                run, nxt = None, -1
                 self._fail_partition(state, offset, exc.args[0].str(), _size(msg))
+                continue
+            produced += 1
+            nxt = offset + 1
+            size += len(msg)  # the value's length
+            if key is not None:
+                size += len(key)
+        if run is not None:
+            assert state is not None
+            self._close_run(run, state, produced, size, ts, wall)
         self.producer.poll(0)
         if self.restart_reason:
             raise RuntimeError(self.restart_reason)
         return True
+
+    def _close_run(
+        self, run: Run, state: PartitionState, produced: int, size: int, ts: int, wall: float
+    ) -> None:
+        """`produced` records of `run` were sent, the last with timestamp `ts` (ms)."""
+        if produced:
+            state.read = run.first + produced - 1
+            stats = state.stats
+            stats.bytes += size
+            stats.record_age.observe_span(wall - run.ts / 1000.0, wall - ts / 1000.0, produced)
+            run.ts_last = ts
+        run.close(produced)
 
     def _check_skipped(self, msgs: Sequence[Any]) -> None:
         """Count and log the records a watched partition's offsets jumped over because
@@ -423,7 +522,7 @@ class CopyLoop:
     def _last_read(self, state: PartitionState) -> int | None:
         """The last offset the loop took of a partition; before any, the one before its
         start (None when it started at the beginning, wherever that was)."""
-        last_read = state.inflight[-1] if state.inflight else state.acked
+        last_read = max(state.read, state.acked)
         if last_read < 0:
             start = self._starts.get((state.topic, state.partition))
             return None if start is None else start - 1
@@ -438,32 +537,71 @@ class CopyLoop:
         waited = now - self._ack_seen_at
         return min(max(waited / 10, ACK_POLL_TIMEOUT), self._ack_poll_max)
 
-    def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
+    def _delivery_slow(self, run: Run, err: KafkaError | None, msg: Any) -> None:
+        """A delivery report of `run` that is not the next contiguous acknowledgement:
+        its first, one after a gap on the target, or an error."""
         self._acked = True
-        state = self._by_remote[(msg.topic(), msg.partition())]
-        upstream = state.inflight.popleft()
+        state = run.state
+        # The record's place in the run: reports come in order, and a rejected record
+        # takes no target offset.
+        index = run.errors if run.expect < 0 else run.expect - run.base
+        upstream = run.first + index
         if err is not None:
+            if run.expect < 0:
+                run.errors += 1
+            else:
+                run.base -= 1
             if err.code() == KafkaError._MSG_TIMED_OUT:
                 # Nothing is lost: the part restarts from its last progress.
                 self.restart_reason = (
                     f"copying {state.topic}-{state.partition} offset {upstream} to "
                     f"{state.remote_topic} on {self.target_alias} failed: {err.str()}"
                 )
-            else:
-                self._fail_partition(state, upstream, err.str(), _size(msg))
-            return
-        if state.failure is not None:
+                return
+            if state.failure is None and run.expect >= 0:
+                # The records before it in this run were acknowledged.
+                self._acknowledged(state, upstream - 1, run.expect - 1, index, run, time.time())
+            self._fail_partition(state, upstream, err.str(), _size(msg))
             return
         downstream = msg.offset()
-        if state.syncs.on_copied(upstream, downstream):
+        if state.failure is None and state.syncs.on_copied(upstream, downstream):
             self._write_sync(state, upstream, downstream)
+        state.acking = run
+        run.base = downstream - index
+        run.expect = downstream + 1
+        if run.count != OPEN_RUN:
+            run.stop = run.base + run.count
+            if run.expect == run.stop:
+                self._run_acknowledged(run)
+
+    def _run_acknowledged(self, run: Run) -> None:
+        """Every record of `run` was acknowledged, the last at `run.expect - 1`."""
+        self._acked = True
+        last = run.first + run.count - 1
+        if last < run.state.failed_at:
+            self._acknowledged(run.state, last, run.expect - 1, run.count, run, time.time())
+
+    def _acknowledged(
+        self,
+        state: PartitionState,
+        upstream: int,
+        downstream: int,
+        count: int,
+        run: Run,
+        now: float,
+    ) -> None:
+        """Progress to `upstream` (at `downstream`), `count` more records of `run` copied."""
+        if count <= 0:
+            return
         state.acked = upstream
         state.acked_downstream = downstream
         stats = state.stats
-        stats.records += 1
-        # Not `msg.latency()`: confluent-kafka takes it when the report is served, like
-        # this clock; serving reports promptly (ACK_POLL_TIMEOUT) is what makes both exact.
-        stats.latency.observe(time.time() - msg.timestamp()[1] / 1000.0)
+        stats.records += count
+        # At the moment the report is served, like confluent-kafka's `msg.latency()`;
+        # serving reports promptly (ACK_POLL_TIMEOUT) is what makes it exact. The last
+        # record's timestamp is known only for a whole run (a partial one: its first).
+        last_ts = run.ts_last if count == run.count else run.ts
+        stats.latency.observe_span(now - run.ts / 1000.0, now - last_ts / 1000.0, count)
 
     def _fail_partition(self, state: PartitionState, offset: int, reason: str, size: int) -> None:
         """Stop a partition whose record the target rejected, naming the record.
@@ -472,6 +610,7 @@ class CopyLoop:
         record of the batch reports the error; the largest one is named.
         """
         first = state.failure is None
+        state.failed_at = min(state.failed_at, offset)
         if not first and size <= state.failed_size:
             return
         state.failed_size = size
@@ -519,6 +658,13 @@ class CopyLoop:
         self.producer.poll(0)
         changed = {}
         for key, state in self.by_source.items():
+            run = state.acking
+            if run is not None and run.expect >= 0:
+                # Part of a run acknowledged so far (the whole run is counted at its end).
+                upstream = run.first + run.expect - run.base - 1
+                if state.acked < upstream < state.failed_at:
+                    state.acked = upstream
+                    state.acked_downstream = run.expect - 1
             if state.acked > state.submitted:
                 changed[key] = state.acked
                 state.submitted = state.acked
@@ -578,6 +724,10 @@ class CopyLoop:
         self.commit_progress(wait_until=deadline)
         if self.syncs is not None:
             self.syncs.flush(max(deadline - time.monotonic(), 0.1))
+
+
+def _no_run(err: KafkaError | None, msg: Any) -> None:
+    raise AssertionError("a record was produced outside a run")
 
 
 def describe_partitions(tps: Sequence[TopicPartition]) -> str:

@@ -47,6 +47,34 @@ class Histogram:
         self.counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1
         self.total += seconds
 
+    def observe_span(self, first: float, last: float, count: int) -> None:
+        """Count `count` observations from `first` to `last` (a run of records: its first
+        and last record's values): those two as `observe`, the others as if evenly
+        between them, in bucket counts, rounded so that they add up."""
+        self.observe(first)
+        if count < 2:
+            return
+        self.observe(last)
+        rest = count - 2
+        if rest <= 0:
+            return
+        low, high = (first, last) if first <= last else (last, first)
+        self.total += rest * (low + high) / 2
+        counts = self.counts
+        lowest = bisect_left(LATENCY_BUCKETS, low)
+        highest = bisect_left(LATENCY_BUCKETS, high)
+        if lowest == highest:
+            counts[lowest] += rest
+            return
+        placed = 0
+        for i in range(lowest, highest):
+            # Bucket i holds (LATENCY_BUCKETS[i - 1], LATENCY_BUCKETS[i]]; the share of
+            # the span below its upper bound, rounded, minus what the lower ones got.
+            below = round(rest * (LATENCY_BUCKETS[i] - low) / (high - low))
+            counts[i] += below - placed
+            placed = below
+        counts[highest] += rest - placed
+
     def add(self, other: Histogram) -> None:
         """Count `other`'s observations in this one too."""
         self.counts = list(map(operator.add, self.counts, other.counts))

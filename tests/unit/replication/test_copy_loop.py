@@ -66,6 +66,9 @@ class Record:
     def error(self) -> KafkaError | None:
         return self._error
 
+    def __len__(self) -> int:
+        return len(self._value) if self._value else 0
+
 
 class FakeConsumer:
     def __init__(self) -> None:
@@ -112,6 +115,9 @@ class FakeProducer:
         self.written: list[Record] = []
         self.outcome: Callable[[Record], KafkaError | None] = lambda _r: None
         self.hold = False  # True: poll() reports nothing (acknowledgements still to come)
+        # Another writer's records land before the n-th record produced: {n: how many}.
+        self.foreign_before: dict[int, int] = {}
+        self.calls = 0
 
     def produce(
         self,
@@ -119,17 +125,21 @@ class FakeProducer:
         value: bytes | None = None,
         key: bytes | None = None,
         partition: int = -1,
+        callback: Callable[..., None] | None = None,
         on_delivery: Callable[..., None] | None = None,
         timestamp: int = 0,
         headers: Any = None,
     ) -> None:
+        """confluent_kafka's signature, positional arguments included."""
+        self.skip(topic, partition, self.foreign_before.get(self.calls, 0))
+        self.calls += 1
         offset = self.ends.get((topic, partition), 0)
         record = Record(topic, partition, offset, value, key, headers)
         err = self.outcome(record)
         if err is None:
             self.ends[(topic, partition)] = offset + 1
             self.written.append(record)
-        self.pending.append((on_delivery, record, err))
+        self.pending.append((callback or on_delivery, record, err))
 
     def __len__(self) -> int:
         return len(self.pending)
@@ -228,6 +238,61 @@ def test_a_gap_on_either_side_writes_a_sync_where_the_distance_changes() -> None
     producer.poll()
     loop.commit_progress()
     assert _syncs(loop) == [("t", 0, 0, 0), ("t", 0, 5, 2), ("t", 0, 7, 7)]
+
+
+def test_a_foreign_record_inside_a_run_gets_a_sync_at_the_next_record() -> None:
+    loop, producer = _loop()
+    loop.assign([NewPartition("t", 0, "A.t")], {})
+    producer.foreign_before = {3: 2, 5: 1}  # two land before the 4th record, one before the 6th
+    _queue(loop, *range(8))  # one run: consecutive source offsets
+    loop.copy_batch(_never)
+    producer.poll()
+    loop.commit_progress()
+    assert [r.offset() for r in producer.written] == [0, 1, 2, 5, 6, 8, 9, 10]
+    assert _syncs(loop) == [("t", 0, 0, 0), ("t", 0, 3, 5), ("t", 0, 5, 8), ("t", 0, 7, 10)]
+    stats = loop.stats.partition("A.t", 0)
+    assert stats.records == 8 and stats.bytes == 8
+    assert sum(stats.latency.counts) == 8 and sum(stats.record_age.counts) == 8
+
+
+def test_runs_split_at_source_gaps_and_partitions_interleaved_in_a_batch() -> None:
+    loop, producer = _loop()
+    loop.assign([NewPartition("t", 0, "A.t"), NewPartition("t", 1, "A.t")], {})
+    _queue(loop, 0, 1, 2)
+    _queue(loop, 0, 1, partition=1)
+    _queue(loop, 3, 7, 8)  # 4..6: a marker and aborted records
+    producer.foreign_before = {3: 1}  # before partition 1's first record
+    loop.copy_batch(_never)
+    producer.poll()
+    loop.commit_progress()
+    assert sorted(_syncs(loop)) == [
+        ("t", 0, 0, 0),
+        ("t", 0, 7, 4),
+        ("t", 0, 8, 5),
+        ("t", 1, 0, 1),
+        ("t", 1, 1, 2),
+    ]
+    assert loop.progress.written == {("t", 0): 8, ("t", 1): 1}  # type: ignore[attr-defined]
+
+
+def test_a_record_rejected_inside_a_run_is_named_and_progress_stops_before_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    loop, producer = _loop()
+    loop.assign([NewPartition("t", 0, "A.t")], {})
+    too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    # The target rejects the batch holding source offsets 3..5, the largest being 4.
+    producer.outcome = lambda r: too_large if r.value() in (b"v3", b"v44", b"v5") else None
+    loop.consumer.queued += [
+        Record("t", 0, o, value=b"v44" if o == 4 else f"v{o}".encode()) for o in range(8)
+    ]
+    with caplog.at_level(logging.ERROR):
+        loop.copy_batch(_never)
+        producer.poll()
+    assert "rejected record t-0 offset 4 (3 bytes)" in loop.failed_partitions()["A.t-0"]
+    loop.commit_progress()
+    assert loop.progress.written == {("t", 0): 2}  # type: ignore[attr-defined]
+    assert loop.stats.partition("A.t", 0).records == 3
 
 
 def test_progress_counts_only_acknowledged_records_and_resumes_after_stored_progress() -> None:

@@ -1,0 +1,157 @@
+"""Offset syncs stay exact while another writer produces into the remote topic.
+
+The copy loop learns target offsets per run of records and checks each delivery
+report against the offset after the previous one (mm2py.replication.copy_loop); a
+foreign record landing between two of its records, or a transaction marker and
+aborted records on the source, must still give a sync where the distance changes.
+The proof: every source offset translates, through the syncs mm2py wrote, to the
+very copy of that record on the target, and while copying goes on no translation
+ever points past a record not yet copied.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from mm2py.dev.launcher import LocalCluster
+from mm2py.kafka import clients
+from mm2py.kafka.internal_topics import read_offset_syncs
+from tests.daemon_harness import mm2_properties, running_daemon
+from tests.kafka_helpers import RECENT_MS, Rec, create_topic, read_all, wait_until
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 2
+TRANSACTIONS = 40
+PER_TRANSACTION = 500  # records, spread over the partitions
+FOREIGN_EVERY = 0.002  # seconds between two foreign records on the target
+
+
+def _produce_transactions(a: LocalCluster, topic: str, done: threading.Event) -> None:
+    """Numbered records in transactions, every fifth aborted; many per batch."""
+    producer = Producer(
+        dict(a.client_properties(), **{"transactional.id": f"tx-{topic}", "linger.ms": 5})
+    )
+    producer.init_transactions(30)
+    try:
+        for t in range(TRANSACTIONS):
+            producer.begin_transaction()
+            for i in range(PER_TRANSACTION):
+                producer.produce(
+                    topic,
+                    value=f"{t}-{i}".encode(),
+                    partition=i % PARTITIONS,
+                    timestamp=RECENT_MS,
+                )
+                producer.poll(0)
+            if t % 5 == 4:
+                producer.abort_transaction(30)
+            else:
+                producer.commit_transaction(30)
+            time.sleep(0.05)  # keep copying and foreign writing interleaved
+    finally:
+        done.set()
+
+
+def _foreign_writer(b: LocalCluster, remote: str, stop: threading.Event) -> int:
+    """Records of another writer in the remote topic, until `stop`."""
+    producer = clients.producer(b.client_properties(), {"linger.ms": 0})
+    n = 0
+    while not stop.is_set():
+        producer.produce(
+            remote, value=f"foreign-{n}".encode(), partition=n % PARTITIONS, timestamp=RECENT_MS
+        )
+        producer.poll(0)
+        n += 1
+        time.sleep(FOREIGN_EVERY)
+    assert producer.flush(30) == 0
+    return n
+
+
+def _check(
+    a: LocalCluster, b: LocalCluster, topic: str, remote: str, final: bool
+) -> tuple[int, int] | None:
+    """Translate every committed source offset through the syncs read now; return
+    (offsets checked, offsets exact). Never past an uncopied record; exact ones land
+    on the copy itself. `final`: None unless every offset was exact."""
+    store = read_offset_syncs(a.client_properties(), "A", "mm2-offset-syncs.B.internal")
+    assert store is not None
+    # After the syncs: the target holds at least every record they name.
+    copies: dict[tuple[int, bytes | None], int] = {}
+    ends: dict[int, int] = {}
+    for rec in read_all(b, remote, isolation="read_uncommitted"):
+        copies[(rec.partition, rec.value)] = rec.offset
+        ends[rec.partition] = rec.offset + 1
+    source: list[Rec] = read_all(a, topic)
+    checked = exact = 0
+    for rec in source:
+        translation = store.translation(topic, rec.partition, rec.offset)
+        if translation is None:
+            continue  # no sync for this partition yet
+        checked += 1
+        copy = copies.get((rec.partition, rec.value))
+        where = f"{topic}-{rec.partition} offset {rec.offset} ({rec.value!r})"
+        if copy is None:
+            # Not copied yet: its copy lands after everything on the target now.
+            assert translation.downstream <= ends.get(rec.partition, 0), where
+            continue
+        assert translation.downstream <= copy, f"{where} translates past its copy at {copy}"
+        if translation.exact:
+            assert translation.downstream == copy, f"{where} -> {translation}, copy at {copy}"
+            exact += 1
+    if final and (not source or exact != len(source)):
+        return None
+    return checked, exact
+
+
+def test_syncs_are_exact_with_a_foreign_writer_and_a_transactional_source(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
+) -> None:
+    remote = f"A.{unique}"
+    create_topic(cluster_a, unique, partitions=PARTITIONS)
+    create_topic(cluster_b, remote, partitions=PARTITIONS)  # the foreign writer's too
+    config = tmp_path / "mm2.properties"
+    config.write_text(mm2_properties(cluster_a, cluster_b, unique))
+    produced, stop = threading.Event(), threading.Event()
+    foreign: list[int] = []
+    with running_daemon(config):
+        writers = [
+            threading.Thread(target=_produce_transactions, args=(cluster_a, unique, produced)),
+            threading.Thread(
+                target=lambda: foreign.append(_foreign_writer(cluster_b, remote, stop))
+            ),
+        ]
+        for thread in writers:
+            thread.start()
+        try:
+            snapshots = 0
+            while not produced.is_set():
+                if _check(cluster_a, cluster_b, unique, remote, final=False):
+                    snapshots += 1
+                time.sleep(0.5)
+            time.sleep(1.0)  # foreign records still come while the last ones are copied
+        finally:
+            produced.wait(120)
+            stop.set()
+            for thread in writers:
+                thread.join(60)
+        checked, exact = wait_until(
+            lambda: _check(cluster_a, cluster_b, unique, remote, final=True),
+            timeout=60,
+            interval=1.0,
+            what="every source offset translating exactly to its copy",
+        )
+    committed = TRANSACTIONS * PER_TRANSACTION * 4 // 5
+    assert checked == exact == committed
+    assert foreign and foreign[0] > 100
+    # The foreign records really are among the copies, not only before or after them.
+    values = [r.value or b"" for r in read_all(cluster_b, remote) if r.partition == 0]
+    first = next(i for i, v in enumerate(values) if not v.startswith(b"foreign"))
+    last = max(i for i, v in enumerate(values) if not v.startswith(b"foreign"))
+    assert any(v.startswith(b"foreign") for v in values[first:last])
+    assert snapshots > 0
