@@ -1,5 +1,6 @@
 """Shared pieces of the benchmarks: workloads, Kafka's perf tools, topics, the
-replicator processes under test and the copy they make, peak memory, JSON lines.
+replicator processes under test and the copy they make, their CPU time and peak
+memory, JSON lines.
 
 Benchmarks run against the local clusters (`mm2py local up`): A is the source, B the
 target. Throughputs are in records/s and MiB/s (bytes / 2**20, as Kafka's tools
@@ -12,6 +13,7 @@ import json
 import logging
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -19,6 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,18 +80,28 @@ STANDARD_WORKLOADS: Final = (
 
 @dataclass(frozen=True)
 class Throughput:
-    """What one tool run achieved."""
+    """What one tool run achieved (`cpu_s`: the tool's user+sys CPU-seconds over its
+    whole run, JVM start-up included; None when not measured)."""
 
     records: int
     records_per_s: float
     mb_per_s: float
+    cpu_s: float | None = None
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, float | int | None]:
         return {
             "records": self.records,
             "records_per_s": round(self.records_per_s, 1),
             "mb_per_s": round(self.mb_per_s, 2),
+            "cpu_s_per_m_records": cpu_per_million(self.cpu_s, self.records),
         }
+
+
+def cpu_per_million(cpu_s: float | None, records: int) -> float | None:
+    """CPU-seconds per million records (None if unknown)."""
+    if cpu_s is None or records <= 0:
+        return None
+    return round(cpu_s / records * 1e6, 2)
 
 
 class ToolError(RuntimeError):
@@ -181,19 +194,35 @@ def logs_dir() -> Path:
 
 def run_kafka_tool(main_class: str, *args: str, heap: str = "1g") -> str:
     """Run one of Kafka's command-line tools to completion; return its stdout."""
+    return run_kafka_tool_timed(main_class, *args, heap=heap)[0]
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_kafka_tool_timed(main_class: str, *args: str, heap: str = "1g") -> tuple[str, float]:
+    """`run_kafka_tool`, and the user+sys CPU-seconds the tool's JVM used.
+
+    The CPU time is the growth of this process's finished children's CPU time over
+    the run, so tools run at the same time share it out (see `producer_performance`).
+    """
     cmd = [
         a
         for a in java_command(main_class, *args, heap=heap)
         if not a.startswith("-Dkafka.logs.dir=")
     ]
     cmd.insert(1, f"-Dkafka.logs.dir={logs_dir()}")  # log4j needs it before the main class
+    cpu_before = _children_cpu()
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    cpu = _children_cpu() - cpu_before
     if done.returncode != 0:
         raise ToolError(
             f"{main_class.rsplit('.', 1)[-1]} exited with {done.returncode}:\n"
             f"{done.stdout[-2000:]}{done.stderr[-2000:]}"
         )
-    return done.stdout
+    return done.stdout, cpu
 
 
 _PRODUCER_SUMMARY = re.compile(
@@ -234,33 +263,62 @@ def producer_performance(
     workload: Workload,
     props: Mapping[str, str] = FAST_PRODUCER_PROPS,
     throughput: int = -1,
+    processes: int = 1,
 ) -> Throughput:
     """Produce the workload's records (random values, no keys) into an existing topic.
 
-    `throughput` caps the rate in records/s (-1: as fast as possible).
+    `throughput` caps the rate in records/s (-1: as fast as possible). With
+    `processes` > 1, that many ProducerPerformance JVMs each produce an equal share at
+    the same time; their rate is all records over the longest one's sending time
+    (each tool's own time, JVM start-up excluded), their CPU time the sum of theirs.
     """
     # Plain local clusters only: the Java tools would need JAAS settings for SCRAM.
     producer_props = {"bootstrap.servers": cluster.bootstrap_servers, **props}
-    stdout = run_kafka_tool(
-        PRODUCER_PERFORMANCE,
-        "--topic",
-        topic,
-        "--num-records",
-        str(workload.records),
-        "--record-size",
-        str(workload.record_bytes),
-        "--throughput",
-        str(throughput),
-        "--producer-props",
-        *(f"{k}={v}" for k, v in producer_props.items()),
-    )
-    return parse_producer_performance(stdout)
+    shares = [workload.records // processes] * processes
+    shares[0] += workload.records - sum(shares)
+
+    def run(records: int) -> tuple[Throughput, float]:
+        stdout, cpu = run_kafka_tool_timed(
+            PRODUCER_PERFORMANCE,
+            "--topic",
+            topic,
+            "--num-records",
+            str(records),
+            "--record-size",
+            str(workload.record_bytes),
+            "--throughput",
+            str(throughput),
+            "--producer-props",
+            *(f"{k}={v}" for k, v in producer_props.items()),
+        )
+        return parse_producer_performance(stdout), cpu
+
+    if processes == 1:
+        result, cpu = run(workload.records)
+        return Throughput(result.records, result.records_per_s, result.mb_per_s, cpu)
+    cpu_before = _children_cpu()
+    with ThreadPoolExecutor(processes) as pool:
+        results = [r for r, _ in pool.map(run, shares)]
+    cpu = _children_cpu() - cpu_before
+    seconds = max(r.records / r.records_per_s for r in results)
+    records = sum(r.records for r in results)
+    rate = records / seconds
+    return Throughput(records, rate, rate * workload.record_bytes / MIB, cpu)
 
 
-def consumer_performance(cluster: LocalCluster, topic: str, records: int) -> Throughput:
-    """Consume `records` records of `topic` from the beginning with a fresh group."""
-    stdout = run_kafka_tool(
-        CONSUMER_PERFORMANCE,
+def consumer_performance(
+    cluster: LocalCluster,
+    topic: str,
+    records: int,
+    props: Mapping[str, str] | None = None,
+    fetch_size: int | None = None,
+) -> Throughput:
+    """Consume `records` records of `topic` from the beginning with a fresh group.
+
+    `props` go into a --consumer.config file, `fetch_size` is --fetch-size (the
+    consumer's max.partition.fetch.bytes).
+    """
+    args = [
         "--bootstrap-server",
         cluster.bootstrap_servers,
         "--topic",
@@ -271,11 +329,23 @@ def consumer_performance(cluster: LocalCluster, topic: str, records: int) -> Thr
         f"bench-consumer-{uuid.uuid4().hex[:8]}",
         "--timeout",
         "30000",
-    )
+    ]
+    if fetch_size is not None:
+        args += ["--fetch-size", str(fetch_size)]
+    config: Path | None = None
+    if props:
+        config = logs_dir() / f"consumer-{uuid.uuid4().hex[:8]}.properties"
+        config.write_text("".join(f"{k}={v}\n" for k, v in props.items()), encoding="utf-8")
+        args += ["--consumer.config", str(config)]
+    try:
+        stdout, cpu = run_kafka_tool_timed(CONSUMER_PERFORMANCE, *args)
+    finally:
+        if config is not None:
+            config.unlink(missing_ok=True)
     result = parse_consumer_performance(stdout)
     if result.records < records:
         raise ToolError(f"ConsumerPerformance read {result.records} of {records} from {topic}")
-    return result
+    return Throughput(result.records, result.records_per_s, result.mb_per_s, cpu)
 
 
 def prefill(cluster: LocalCluster, topic: str, workload: Workload) -> Throughput:
@@ -341,6 +411,12 @@ class Copy:
     startup_s: float  # launch -> first copied record visible on B
     copy_s: float  # first sample with records on B -> sample with all of them
     copied_in_window: int  # records that arrived during copy_s
+    cpu_s: float | None = None  # user+sys CPU-seconds of the replicator during copy_s
+
+    @property
+    def cpu_s_per_m_records(self) -> float | None:
+        """CPU-seconds per million records copied in the window."""
+        return cpu_per_million(self.cpu_s, self.copied_in_window)
 
 
 def _remote_count(consumer: Any, topic: str, partitions: int) -> int:
@@ -369,6 +445,9 @@ def watch_copy(
     (records - records seen at that sample) / (time from that sample to the first
     sample seeing all), so its resolution is SAMPLE_INTERVAL plus one offsets query.
 
+    The replicator's CPU time over the same window is the growth of its process
+    tree's user+sys time (`ProcessCpu`) between those two samples.
+
     `isolation` is the isolation.level of the offsets queries. The backfill is watched
     with "read_uncommitted", on high watermarks: its records count when written, not
     when their transaction commits (up to 10 s later), as the daemon's do. Commit
@@ -377,17 +456,24 @@ def watch_copy(
     launched = time.monotonic()
     deadline = launched + timeout
     consumer = clients.consumer(target.client_properties(), {"isolation.level": isolation})
-    first: tuple[float, int] | None = None
+    first: tuple[float, int, float] | None = None
+    cpu = ProcessCpu(running.pid)
     try:
         while True:
             before = time.monotonic()
             have = _remote_count(consumer, remote_topic, workload.partitions)
             now = (before + time.monotonic()) / 2  # when the queries saw the counts
+            cpu_now = cpu.sample()
             if have and first is None:
-                first = (now, have)
+                first = (now, have, cpu_now)
             if have >= workload.records:
                 assert first is not None
-                return Copy(first[0] - launched, now - first[0], workload.records - first[1])
+                return Copy(
+                    first[0] - launched,
+                    now - first[0],
+                    workload.records - first[1],
+                    cpu_now - first[2],
+                )
             check_alive(running)
             if now > deadline:
                 raise ReplicatorError(
@@ -399,7 +485,9 @@ def watch_copy(
         consumer.close()
 
 
-# -- memory ----------------------------------------------------------------------
+# -- CPU time and memory ------------------------------------------------------------
+
+CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
 
 
 def _status_kib(pid: int, field: str) -> int | None:
@@ -412,6 +500,30 @@ def _status_kib(pid: int, field: str) -> int | None:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     return 0
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return "?"
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User+sys CPU-seconds `pid` used so far, all its threads (None if it is gone).
+
+    Its waited-for children are not included (`ProcessCpu` follows them itself).
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # Fields after the command name, which is in parentheses and may hold spaces:
+    # state is field 3, utime 14, stime 15.
+    fields = raw.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def _children(pid: int) -> list[int]:
@@ -435,18 +547,40 @@ def process_tree(pid: int) -> list[int]:
     return tree
 
 
+class ProcessCpu:
+    """User+sys CPU time of a process and its descendants (e.g. task processes).
+
+    Each `sample()` reads /proc/<pid>/stat of every process in the tree and returns
+    the sum over every process ever seen, each at its last reading: a child that
+    exited still counts, up to the sample before it exited.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.seen: dict[int, float] = {}
+
+    def sample(self) -> float:
+        for pid in process_tree(self.pid):
+            seconds = process_cpu_seconds(pid)
+            if seconds is not None:
+                self.seen[pid] = seconds
+        return sum(self.seen.values())
+
+
 class PeakRss:
     """Samples the resident memory of a process and its descendants until stopped.
 
     ``peak_bytes`` is the larger of the highest sampled sum of VmRSS over the tree
     and the root's VmHWM (the kernel's own high-water mark, which catches peaks
-    between samples). Use as ``with PeakRss(pid) as rss: ...; rss.peak_bytes``.
+    between samples). ``per_process`` is each process's own peak (its VmHWM), by
+    ``<comm>-<pid>``. Use as ``with PeakRss(pid) as rss: ...; rss.peak_bytes``.
     """
 
     def __init__(self, pid: int, interval: float = 0.2) -> None:
         self.pid = pid
         self.interval = interval
         self.peak_kib = 0
+        self.per_process_kib: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"peak-rss-{pid}", daemon=True)
 
@@ -454,9 +588,21 @@ class PeakRss:
     def peak_bytes(self) -> int:
         return self.peak_kib * 1024
 
+    def per_process_mib(self) -> dict[str, float]:
+        """Each process's peak resident memory in MiB."""
+        return {name: round(kib / 1024, 1) for name, kib in self.per_process_kib.items()}
+
     def sample(self) -> None:
         """Take one sample now (also called by the background thread)."""
-        total = sum(_status_kib(p, "VmRSS") or 0 for p in process_tree(self.pid))
+        total = 0
+        for pid in process_tree(self.pid):
+            rss = _status_kib(pid, "VmRSS")
+            if rss is None:
+                continue  # exited meanwhile
+            hwm = _status_kib(pid, "VmHWM") or 0
+            total += rss
+            name = f"{_comm(pid)}-{pid}"
+            self.per_process_kib[name] = max(self.per_process_kib.get(name, 0), rss, hwm)
         hwm = _status_kib(self.pid, "VmHWM") or 0
         self.peak_kib = max(self.peak_kib, total, hwm)
 

@@ -6,16 +6,29 @@
     make bench                                               # = python bench/replication.py
 
 Throughput, per workload (8 partitions: 1,000,000 x 1 KiB "large", 2,000,000 x 100 B
-"small"): the pipe limit (bench.pipe_limit), then MM2 and then mm2py, each copying its
-own pre-filled topic from A to B. Latency: MM2 and then mm2py, each replicating its
-own fresh topic while a producer writes 1 KiB records into it at a steady 5,000/s.
+"small"): the pipe limit (bench.pipe_limit: the faster of Kafka's perf tools, tuned,
+producing into B and consuming from A, each alone; how it is measured is in its
+docstring), then MM2 and then mm2py, each copying its own pre-filled topic from A to
+B. No replicator may beat the pipe limit; the summary says so if one does. Latency:
+MM2 and then mm2py, each replicating its own fresh topic while a producer writes
+1 KiB records into it at a steady 5,000/s.
+
+Every row has records/s and, steadier on a shared machine, CPU per record: the
+user+sys CPU-seconds per million records of the replicator's processes (the process
+and its descendants, from /proc/<pid>/stat) over the measured window only (start-up
+excluded); the pipe limit's are its tools' over their whole run. Also peak resident
+memory, of the process tree and of each process (``peak_rss_mib_per_process``), and
+the load averages (1, 5, 15 min) before each measurement. The last line is a summary:
+per workload, mm2py / MM2 and mm2py / pipe limit in records/s, and mm2py / MM2 in CPU
+per record.
 
 Both systems get the same MM2 properties file (mm2py.dev.mirrormaker.mm2_properties,
 only the topic differs): they share ``mm2-offsets.A.internal`` on B, so each must
 replicate topics the other never saw or it would resume from the other's progress.
 
-Clusters: if the ports of A and B are free, fresh clusters are started under
-``<cache>/bench`` and removed at the end; otherwise the running A and B are reused
+Clusters: if the ports of A and B are free (``MM2PY_LOCAL_PORT_OFFSET`` moves them),
+fresh clusters are started under ``<cache>/bench`` (``bench-<offset>``) and removed at
+the end; otherwise the running A and B are reused
 (a note says so on stderr). Prints one JSON line per system and workload on stdout;
 progress goes to stderr.
 """
@@ -51,17 +64,20 @@ from bench.common import (
     STANDARD_WORKLOADS,
     Copy,
     PeakRss,
+    ProcessCpu,
     ReplicatorError,
     Running,
     ToolError,
     Workload,
     bench_topic,
     check_alive,
+    cpu_per_million,
     create_topic,
     delete_topics,
     emit,
     end_offsets,
     free_port,
+    load_averages,
     local_clusters,
     logs_dir,
     prefill,
@@ -71,7 +87,7 @@ from bench.common import (
 )
 from bench.pipe_limit import pipe_limit
 from mm2py.dev.jars import cache_root
-from mm2py.dev.launcher import LocalCluster, LocalKafka, broker_port
+from mm2py.dev.launcher import PORT_OFFSET_VARIABLE, LocalCluster, LocalKafka, broker_port
 from mm2py.dev.mirrormaker import (
     MirrorMakerError,
     RealMirrorMaker,
@@ -119,6 +135,7 @@ def result_line(
     p50_ms: float | None = None,
     p99_ms: float | None = None,
     peak_rss_bytes: int | None = None,
+    cpu_s_per_m_records: float | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
     """One JSON line: the common fields first, anything system-specific after."""
@@ -129,6 +146,7 @@ def result_line(
         "record_bytes": record_bytes,
         "records_per_s": None if records_per_s is None else round(records_per_s, 1),
         "mb_per_s": None if mb_per_s is None else round(mb_per_s, 2),
+        "cpu_s_per_m_records": cpu_s_per_m_records,
         "p50_ms": p50_ms,
         "p99_ms": p99_ms,
         "peak_rss_mib": None if peak_rss_bytes is None else round(peak_rss_bytes / MIB, 1),
@@ -148,6 +166,7 @@ def copy_line(
         workload.record_bytes,
         rate,
         None if rate is None else rate * workload.record_bytes / MIB,
+        cpu_s_per_m_records=copy.cpu_s_per_m_records,
         startup_s=round(copy.startup_s, 2),
         copy_s=round(copy.copy_s, 2),
         records_on_b=copied,
@@ -182,7 +201,8 @@ def bench_clusters() -> tuple[dict[str, LocalCluster], LocalKafka | None]:
             file=sys.stderr,
         )
         return local_clusters(["A", "B"]), None
-    state_dir = cache_root() / "bench"
+    offset = os.environ.get(PORT_OFFSET_VARIABLE, "0")
+    state_dir = cache_root() / ("bench" if offset in ("", "0") else f"bench-{offset}")
     # bench.common.local_clusters (used by bench.pipe_limit) must find these clusters.
     os.environ["MM2PY_LOCAL_DIR"] = str(state_dir)
     kafka = LocalKafka(state_dir)
@@ -253,7 +273,7 @@ def replication_throughput(
     try:
         log.info("%s: pre-filling %s on A with %s", system, topic, workload.label)
         prefill(source, topic, workload)
-        load = os.getloadavg()[0]
+        load = load_averages()
         # A slow machine still finishes: allow 2 MiB/s plus start-up.
         timeout = 180 + workload.total_bytes / (2 * MIB)
         # RSS is sampled from launch, so the peak covers start-up as well as the copy.
@@ -276,7 +296,9 @@ def replication_throughput(
         copy,
         copied,
         peak_rss_bytes=rss.peak_bytes,
-        load_1m_before=round(load, 2),
+        peak_rss_mib_per_process=rss.per_process_mib(),
+        load_1m_before=load[0],
+        load_avg_before=load,
     )
 
 
@@ -290,9 +312,15 @@ def pipe_limit_line(workload: Workload) -> dict[str, Any]:
         workload.record_bytes,
         raw["records_per_s"],
         raw["mb_per_s"],
+        # The slower half's tool, over its whole run (JVM start-up included).
+        cpu_s_per_m_records=min(
+            (raw["produce_into_b"], raw["consume_from_a"]), key=lambda h: h["records_per_s"]
+        )["cpu_s_per_m_records"],
         produce_into_b=raw["produce_into_b"],
         consume_from_a=raw["consume_from_a"],
+        tried=raw["tried"],
         load_1m_before=raw["load_1m_before"],
+        load_avg_before=raw["load_avg_before"],
     )
 
 
@@ -356,12 +384,14 @@ def replication_latency(
     label = f"{steady.partitions}p-steady-{LATENCY_RATE}rps-{steady.record_bytes}B-{seconds}s"
     try:
         create_topic(source, topic, steady.partitions)
-        load = os.getloadavg()[0]
+        load = load_averages()
         with (
             replicating(system, topic, source, target, run_dir) as running,
             PeakRss(running.pid) as rss,
         ):
             _warm_up(source, target, topic, running)
+            cpu = ProcessCpu(running.pid)
+            cpu_start = cpu.sample()
             consumer = clients.consumer(target.client_properties())
             # Start after the warm-up records: only steady-rate records are measured.
             consumer.assign(
@@ -388,6 +418,7 @@ def replication_latency(
                     received = _receive(consumer, steady.records, deadline, running)
                 finally:
                     consumer.close()
+                cpu_s = cpu.sample() - cpu_start
                 produced.result()
     finally:
         delete_topics(source, [topic])
@@ -412,9 +443,59 @@ def replication_latency(
         p50_ms=round(percentile(latencies, 0.50), 1),
         p99_ms=round(percentile(latencies, 0.99), 1),
         peak_rss_bytes=rss.peak_bytes,
+        # Over all received records, the warm-up seconds' included.
+        cpu_s_per_m_records=cpu_per_million(cpu_s, len(received)),
+        peak_rss_mib_per_process=rss.per_process_mib(),
         max_ms=round(latencies[-1], 1),
-        load_1m_before=round(load, 2),
+        load_1m_before=load[0],
+        load_avg_before=load,
     )
+
+
+# -- summary ------------------------------------------------------------------------
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else round(a / b, 2)
+
+
+def summary(
+    lines: Sequence[dict[str, Any]], load_start: list[float], load_end: list[float]
+) -> dict[str, Any]:
+    """The ratios of one run, per workload, and any replicator faster than the pipe limit."""
+    by = {(line["system"], line["workload"]): line for line in lines}
+    workloads: dict[str, Any] = {}
+    for (system, workload), line in by.items():
+        if system != MM2PY:
+            continue
+        pipe = by.get((PIPE_LIMIT, workload), {})
+        mm2 = by.get((MIRRORMAKER2, workload), {})
+        rate, cpu = line.get("records_per_s"), line.get("cpu_s_per_m_records")
+        workloads[workload] = {
+            "mm2py_records_per_s": rate,
+            "mm2py_vs_mm2": _ratio(rate, mm2.get("records_per_s")),
+            "mm2py_vs_pipe_limit": _ratio(rate, pipe.get("records_per_s")),
+            "mm2py_cpu_s_per_m_records": cpu,
+            "mm2py_cpu_vs_mm2": _ratio(cpu, mm2.get("cpu_s_per_m_records")),
+            "mm2py_p99_ms": line.get("p99_ms"),
+            "mm2py_peak_rss_mib_per_process": line.get("peak_rss_mib_per_process"),
+        }
+    beyond = [
+        f"{system} on {workload}: {line['records_per_s']} > {limit['records_per_s']}"
+        for (system, workload), line in by.items()
+        if system in REPLICATORS
+        and (limit := by.get((PIPE_LIMIT, workload))) is not None
+        and (line.get("records_per_s") or 0) > (limit.get("records_per_s") or 0)
+    ]
+    for what in beyond:
+        log.warning("faster than the pipe limit, so the limit is wrong: %s", what)
+    return {
+        "system": "summary",
+        "workloads": workloads,
+        "beyond_pipe_limit": beyond,
+        "load_avg_start": load_start,
+        "load_avg_end": load_end,
+    }
 
 
 # -- main ---------------------------------------------------------------------------
@@ -465,13 +546,18 @@ def main(argv: list[str] | None = None) -> int:
 
     clusters, started = bench_clusters()
     failures = 0
+    lines: list[dict[str, Any]] = []
+    load_start = load_averages()
+    log.info("load averages at the start: %s", load_start)
 
     def measure(system: str, what: str, run: Callable[[], dict[str, Any]]) -> None:
         # One failed measurement should not cost the rest of a long run (KafkaException
         # too: on shared clusters, another user's test may restart one).
         nonlocal failures
         try:
-            emit(run())
+            line = run()
+            lines.append(line)
+            emit(line)
         except (ReplicatorError, MirrorMakerError, ToolError, TimeoutError, KafkaException) as e:
             failures += 1
             log.error("%s on %s failed: %s", system, what, e)
@@ -492,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if started is not None:
             started.down(["A", "B"])
+    emit(summary(lines, load_start, load_averages()))
     return 1 if failures else 0
 
 
