@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from http import HTTPStatus
 from pathlib import Path as FilePath
-from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar
 
 from fastapi import APIRouter, FastAPI, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -90,6 +90,7 @@ HIDDEN: Final = "[hidden]"  # what Kafka's Password.toString() shows
 OFFSETS_READ_TIMEOUT = 10.0
 CLUSTER_ID_TIMEOUT = 3.0
 
+T = TypeVar("T")
 ConnectState = Literal["UNASSIGNED", "RUNNING", "PAUSED", "FAILED", "RESTARTING", "STOPPED"]
 
 
@@ -208,6 +209,8 @@ class Task:
     trace: str | None = None
     # Source tasks: the source topic partitions copied, as `topic-partition`.
     partitions: tuple[str, ...] = ()
+    # Checkpoint tasks: the consumer groups checkpointed.
+    groups: tuple[str, ...] = ()
 
 
 class ConnectProblem(Exception):
@@ -327,13 +330,16 @@ def connector_config(config: MirrorConfig, connector: Connector) -> dict[str, st
 
 
 def task_config(config: MirrorConfig, connector: Connector, task: Task) -> dict[str, str]:
-    """A task's config: its connector's, its class and index, and (source tasks) the
-    partitions it copies, as MM2's taskConfigs give them."""
+    """A task's config as MM2's taskConfigs give it: its connector's and its class; source
+    and checkpoint tasks their index and the partitions or groups they work on."""
     out = connector_config(config, connector)
     out["task.class"] = MIRROR_PACKAGE + TASK_CLASSES[connector.kind]
-    out["task.index"] = str(task.id)
     if connector.kind == SOURCE:
+        out["task.index"] = str(task.id)
         out["task.assigned.partitions"] = ",".join(task.partitions)
+    elif connector.kind == CHECKPOINT:
+        out["task.index"] = str(task.id)
+        out["task.assigned.groups"] = ",".join(task.groups)
     return out
 
 
@@ -450,8 +456,11 @@ class LocalWorker:
             task_id = getattr(part, "task", None)
             remote = getattr(part, "partitions", None)
             partitions: tuple[str, ...] = ()
+            groups: tuple[str, ...] = ()
             if connector.kind == SOURCE:
                 partitions = self._source_partitions(connector.flow, remote)
+            elif connector.kind == CHECKPOINT:
+                groups = self._checkpointed_groups(connector.flow)
             out.append(
                 Task(
                     id=task_id if isinstance(task_id, int) else index,
@@ -459,9 +468,24 @@ class LocalWorker:
                     state=state,
                     trace=trace,
                     partitions=partitions,
+                    groups=groups,
                 )
             )
         return out
+
+    def _parts(self, flow: FlowConfig, kind: type[T]) -> list[T]:
+        """The daemon's parts of `flow` of a class (its `parts`: Supervised part holders)."""
+        found = []
+        for sup in getattr(self.control, "parts", ()):
+            part = getattr(sup, "part", None)
+            if isinstance(part, kind) and getattr(part, "flow", None) == flow:
+                found.append(part)
+        return found
+
+    def _checkpointed_groups(self, flow: FlowConfig) -> tuple[str, ...]:
+        from mm2py.daemon.parts.checkpoint import CheckpointPart
+
+        return tuple(sorted({g for part in self._parts(flow, CheckpointPart) for g in part.groups}))
 
     def _source_partitions(self, flow: FlowConfig, remote: object) -> tuple[str, ...]:
         """The source partitions a source task copies, from the remote ones it reports
@@ -474,10 +498,8 @@ class LocalWorker:
         else:
             from mm2py.daemon.parts.source import SourcePart
 
-            for sup in getattr(self.control, "parts", ()):
-                part = getattr(sup, "part", None)
-                if isinstance(part, SourcePart) and part.flow.name == flow.name:
-                    pairs.extend(list(part.stats.partitions))
+            for part in self._parts(flow, SourcePart):
+                pairs.extend(list(part.stats.partitions))
         policy = FlowRules(flow).policy
         named = {(policy.upstream_topic(topic) or topic, p) for topic, p in pairs}
         return tuple(f"{topic}-{p}" for topic, p in sorted(named))
