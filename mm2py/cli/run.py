@@ -9,6 +9,8 @@ from pathlib import Path
 from mm2py.cli.arguments import Subparsers, aliases
 from mm2py.errors import EXIT_OK
 
+DEFAULT_LISTEN = "127.0.0.1:8083"
+
 
 def run(args: argparse.Namespace) -> int:
     from mm2py.config import ConfigError, load_config
@@ -24,7 +26,9 @@ def run(args: argparse.Namespace) -> int:
     flows = select_flows(config, args.clusters)
     if not flows:
         raise ConfigError(args.config, None, "no enabled flow (set A->B.enabled = true)")
-    daemon = Daemon(config, flows, args.listen, select_heartbeat_flows(config, args.clusters))
+    # --listen wins over MM2's `listeners` in the config.
+    listen = args.listen or config.listen or DEFAULT_LISTEN
+    daemon = Daemon(config, flows, listen, select_heartbeat_flows(config, args.clusters))
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)
     daemon.run()
@@ -46,7 +50,8 @@ def add_parser(sub: Subparsers) -> None:
     )
     p.add_argument(
         "--listen",
-        default="127.0.0.1:8083",
-        help="address of the REST API and /metrics (default 127.0.0.1:8083)",
+        default=None,
+        help="address of the REST API and /metrics (default: the config's MM2 `listeners`, "
+        f"else {DEFAULT_LISTEN})",
     )
     p.set_defaults(func=run)

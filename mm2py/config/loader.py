@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from mm2py.compat.filters import PatternError
 from mm2py.config.client_props import to_librdkafka
 from mm2py.config.errors import ConfigError
+from mm2py.config.listeners import rest_address
 from mm2py.config.loops import check_identity_loops
 from mm2py.config.models import (
     FLOW_KEYS,
@@ -62,7 +63,7 @@ _JAVA_CLASSES = {
 }
 _GLOBAL_KEYS = (
     FLOW_KEYS
-    | {"clusters", "enabled", *EXACTLY_ONCE_KEYS}
+    | {"clusters", "enabled", "listeners", *EXACTLY_ONCE_KEYS}
     | _DEPRECATED.keys()
     | _JAVA_CLASSES.keys()
 )
@@ -138,6 +139,7 @@ class _Builder:
         self.settings: dict[str, object] = {}
         self.client_defaults: dict[str, str] = {}
         self.enabled_default: object = None
+        self.listen: str | None = None  # from MM2's `listeners`
         # Where each flow/worker key is set, as written: (shown key, value).
         self.places: dict[str, list[tuple[str, object]]] = {}
         # Said once per load after a successful build: (level, reason) -> shown keys.
@@ -161,6 +163,7 @@ class _Builder:
         config = MirrorConfig(
             path=self.path,
             clusters={alias: self.cluster(alias) for alias in self.aliases},
+            listen=self.listen,
             flows=[
                 self.flow(source, target)
                 for source in self.aliases
@@ -208,6 +211,8 @@ class _Builder:
             self.sort_flow_key(key, value)
         elif key == "enabled":
             self.enabled_default = value
+        elif key == "listeners":
+            self.set_listeners(value)
         elif key in FLOW_KEYS or key in _DEPRECATED:
             self.set_setting(self.settings, key, key, value)
         elif key in _JAVA_CLASSES:
@@ -274,6 +279,19 @@ class _Builder:
             )
         else:
             raw.common[sub] = _client_value(value)
+
+    def set_listeners(self, value: object) -> None:
+        try:
+            self.listen, unused = rest_address(value)
+        except ValueError as exc:
+            self.fail("listeners", str(exc))
+        if unused:
+            log.warning(
+                "%s: listeners: mm2py serves only %s; not served: %s",
+                self.path,
+                self.listen,
+                ", ".join(unused),
+            )
 
     def set_setting(self, into: dict[str, object], key: str, shown: str, value: object) -> None:
         if key in _DEPRECATED:

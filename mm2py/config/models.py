@@ -380,6 +380,8 @@ class MirrorConfig(BaseModel):
     clusters: dict[str, ClusterConfig]
     # Every ordered pair of distinct clusters, in the order of `clusters`.
     flows: list[FlowConfig]
+    # The REST address (`host:port`) from MM2's `listeners`; `--listen` wins.
+    listen: str | None = None
 
     def cluster(self, alias: str) -> ClusterConfig:
         """The cluster with this alias; ConfigError if there is none."""
