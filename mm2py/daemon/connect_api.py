@@ -50,7 +50,7 @@ from fastapi import APIRouter, FastAPI, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
+from starlette.routing import BaseRoute, Match
 
 from mm2py import __version__
 from mm2py.compat.flow import FlowRules
@@ -635,7 +635,8 @@ def mount(app: FastAPI, control: "FlowControl") -> None:
         headers = dict(exc.headers or {})
         if exc.status_code == 405:
             # Starlette names the methods of the first route of the path only.
-            headers["Allow"] = ", ".join(allowed_methods(request))
+            routes = [*request.app.routes, *router.routes]
+            headers["Allow"] = ", ".join(allowed_methods(request, routes))
         return JSONResponse(body, exc.status_code, headers=headers)
 
     def connector_or_404(name: str, message: str) -> tuple[Connector, FlowStatus]:
@@ -1007,14 +1008,15 @@ def mount(app: FastAPI, control: "FlowControl") -> None:
     app.include_router(router)
 
 
-def allowed_methods(request: Request) -> list[str]:
-    """Every method some route of the app serves on the request's path."""
+def allowed_methods(request: Request, routes: Sequence[BaseRoute]) -> list[str]:
+    """Every method one of `routes` serves on the request's path (an included router's
+    own routes must be among them: FastAPI wraps them in one route of its own)."""
     methods: set[str] = set()
     scope = {**request.scope, "method": "GET"}
-    for route in request.app.routes:
-        match, _child = route.matches(scope)
-        if match != Match.NONE:
-            methods.update(getattr(route, "methods", None) or ())
+    for route in routes:
+        route_methods = getattr(route, "methods", None)
+        if route_methods and route.matches(scope)[0] != Match.NONE:
+            methods.update(route_methods)
     return sorted(methods)
 
 
