@@ -234,6 +234,9 @@ class FlowSettings(BaseModel):
     # mm2py's own (no MM2 key): series of the replication metrics per partition rather
     # than per topic (README, Metrics).
     metrics_partition_labels: Bool = Field(False, alias="metrics.partition.labels")
+    # mm2py's own: also export MM2's metrics under the names the Prometheus JMX exporter
+    # gives them (README, Metrics); per partition, so off unless asked.
+    metrics_mm2_names_enabled: Bool = Field(False, alias="metrics.mm2.names.enabled")
 
     heartbeats_topic_replication_factor: CountOrBrokerDefault = Field(
         3, alias="heartbeats.topic.replication.factor"

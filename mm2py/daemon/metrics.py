@@ -15,7 +15,8 @@ would hold the interpreter lock (and the copy loops) for ~150 ms a scrape.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -31,9 +32,12 @@ from prometheus_client.utils import floatToGoString
 
 from mm2py.replication.stats import (
     LATENCY_BUCKETS,
+    Extremes,
     Histogram,
+    MirrorStats,
     PartitionStats,
     ReplicationStats,
+    Sensor,
 )
 
 # mm2py_records_skipped_total's reason for records the source deleted before the copy.
@@ -65,13 +69,74 @@ SKIPPED = (
 )
 
 
+# MM2's metrics as the Prometheus JMX exporter renders its MBeans with Strimzi's rules
+# (kafka.connect.mirror:type=MirrorSourceConnector,... -> lower case, - to _, gauges),
+# with MM2's descriptions (MirrorSourceMetrics, MirrorCheckpointMetrics).
+MIRROR_SOURCE = "kafka_connect_mirror_mirrorsourceconnector_"
+MIRROR_CHECKPOINT = "kafka_connect_mirror_mirrorcheckpointconnector_"
+_SENSORS = (  # a Value/Min/Max/Avg sensor: suffix and how MM2 describes it
+    ("", "Time"),
+    ("_max", "Max time"),
+    ("_min", "Min time"),
+    ("_avg", "Average time"),
+)
+MIRROR_SOURCE_FAMILIES: tuple[tuple[str, str], ...] = (
+    ("record_count", "Number of source records replicated to the target cluster."),
+    (
+        "record_rate",
+        "Average number of source records replicated to the target cluster per second.",
+    ),
+    ("record_age_ms", "The age of incoming source records when replicated to the target cluster."),
+    (
+        "record_age_ms_max",
+        "The max age of incoming source records when replicated to the target cluster.",
+    ),
+    (
+        "record_age_ms_min",
+        "The min age of incoming source records when replicated to the target cluster.",
+    ),
+    (
+        "record_age_ms_avg",
+        "The average age of incoming source records when replicated to the target cluster.",
+    ),
+    ("byte_count", "Number of bytes replicated to the target cluster."),
+    ("byte_rate", "Average number of bytes replicated per second."),
+    *(
+        (
+            f"replication_latency_ms{suffix}",
+            f"{what} it takes records to replicate from source to target cluster.",
+        )
+        for suffix, what in _SENSORS
+    ),
+)
+MIRROR_CHECKPOINT_FAMILIES: tuple[tuple[str, str], ...] = tuple(
+    (
+        f"checkpoint_latency_ms{suffix}",
+        f"{what} it takes consumer group offsets to replicate from source to target cluster.",
+    )
+    for suffix, what in _SENSORS
+)
+# (labels, value) of one family's series, labels in the order they are named.
+_Series = list[tuple[tuple[tuple[str, str], ...], float]]
+
+
+def _sensor_values(stats: MirrorStats) -> tuple[float, float, float, float]:
+    """Value, Max, Min, Avg (the families' order) in milliseconds."""
+    return (stats.value * 1000, stats.max * 1000, stats.min * 1000, stats.avg * 1000)
+
+
 class ReplicationCollector(Collector):
     """Renders every registered flow's `ReplicationStats` as metric families: a series
-    per remote topic, or per partition for a flow that asks for it."""
+    per remote topic, or per partition for a flow that asks for it; and MM2's metrics
+    of the flows and checkpoint parts with ``metrics.mm2.names.enabled``."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._lock = threading.Lock()
         self._flows: list[ReplicationStats] = []
+        # Checkpoint parts' MM2 checkpoint latency: (source, target, sensors by
+        # (group, remote topic, partition)).
+        self._checkpoints: list[tuple[str, str, dict[tuple[str, str, int], Sensor]]] = []
+        self.clock = clock  # when MM2's windows and rates are read (wall clock)
         # Set on a thread while `exposition` writes these families itself.
         self._apart = threading.local()
 
@@ -83,6 +148,81 @@ class ReplicationCollector(Collector):
         with self._lock:
             if stats in self._flows:
                 self._flows.remove(stats)
+
+    def add_checkpoints(
+        self, source: str, target: str, sensors: dict[tuple[str, str, int], Sensor]
+    ) -> None:
+        """Show a checkpoint part's MM2 checkpoint latency (its own dict, filled as it goes)."""
+        with self._lock:
+            self._checkpoints.append((source, target, sensors))
+
+    def remove_checkpoints(self, sensors: dict[tuple[str, str, int], Sensor]) -> None:
+        with self._lock:
+            self._checkpoints = [c for c in self._checkpoints if c[2] is not sensors]
+
+    def mirror_families(self) -> list[tuple[str, str, _Series]]:
+        """MM2's metric families (name, help, series) of the flows that enabled them;
+        none when no flow did."""
+        with self._lock:
+            flows = [f for f in self._flows if f.mm2_names]
+            checkpoints = list(self._checkpoints)
+        if not flows and not checkpoints:
+            return []
+        now = self.clock()
+        source: list[_Series] = [[] for _ in MIRROR_SOURCE_FAMILIES]
+        for flow in flows:
+            for (topic, partition), stats in list(flow.partitions.items()):
+                labels: tuple[tuple[str, str], ...] = (
+                    ("source", flow.source),
+                    ("target", flow.target),
+                    ("topic", topic),
+                    ("partition", str(partition)),
+                )
+                age, latency, meters = stats.record_age, stats.latency, stats.meters
+                if not isinstance(age, Extremes) or not isinstance(latency, Extremes):
+                    continue
+                if meters is None:
+                    continue
+                record_rate, byte_rate = meters.rates(stats.records, stats.bytes, now)
+                ages = _sensor_values(age.measure(now))
+                latencies = _sensor_values(latency.measure(now))
+                values = (
+                    stats.records,
+                    record_rate,
+                    ages[0],
+                    ages[1],
+                    ages[2],
+                    ages[3],
+                    stats.bytes,
+                    byte_rate,
+                    *latencies,
+                )
+                for series, value in zip(source, values, strict=True):
+                    series.append((labels, value))
+        checkpoint: list[_Series] = [[] for _ in MIRROR_CHECKPOINT_FAMILIES]
+        for cp_source, cp_target, sensors in checkpoints:
+            for (group, topic, partition), sensor in list(sensors.items()):
+                labels = (
+                    ("source", cp_source),
+                    ("target", cp_target),
+                    ("group", group),
+                    ("topic", topic),
+                    ("partition", str(partition)),
+                )
+                for series, value in zip(
+                    checkpoint, _sensor_values(sensor.measure(now)), strict=True
+                ):
+                    series.append((labels, value))
+        out = [
+            (MIRROR_SOURCE + name, doc, series)
+            for (name, doc), series in zip(MIRROR_SOURCE_FAMILIES, source, strict=True)
+        ]
+        if checkpoints:
+            out += [
+                (MIRROR_CHECKPOINT + name, doc, series)
+                for (name, doc), series in zip(MIRROR_CHECKPOINT_FAMILIES, checkpoint, strict=True)
+            ]
+        return out
 
     def collect(self) -> Iterator[Metric]:
         if getattr(self._apart, "on", False):
@@ -128,6 +268,13 @@ class ReplicationCollector(Collector):
                 age.add_metric(values, stats.record_age.buckets(), stats.record_age.total)
                 latency.add_metric(values, stats.latency.buckets(), stats.latency.total)
         yield from (records, size, lag, age, latency, skipped)
+        for name, documentation, mirror in self.mirror_families():
+            family = GaugeMetricFamily(
+                name, documentation, labels=[k for k, _v in mirror[0][0]] if mirror else []
+            )
+            for named, value in mirror:
+                family.add_metric([v for _k, v in named], value)
+            yield family
 
     def text(self) -> str:
         """The families `collect` yields, as `generate_latest` writes them."""
@@ -172,6 +319,15 @@ class ReplicationCollector(Collector):
                 out.append(f"{name}_sum{{{labels}}} {_value(h.total)}\n")
         name = _header(out, SKIPPED)
         out += [f"{name}{{{labels}}} {_value(count)}\n" for labels, count in skipped]
+        for name, documentation, mirror in self.mirror_families():
+            _header(out, (name, "gauge", documentation))
+            out += [
+                name
+                + "{"
+                + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(named))
+                + f"}} {_value(value)}\n"
+                for named, value in mirror
+            ]
         return "".join(out)
 
 

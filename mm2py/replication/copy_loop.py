@@ -350,6 +350,7 @@ class CopyLoop:
         if self._watched:
             self._check_skipped(msgs)
         wall = time.time()
+        self.stats.roll(wall)  # MM2's metric windows, when enabled: once a batch
         by_source = self.by_source
         produce = self.producer.produce
         run: Run | None = None

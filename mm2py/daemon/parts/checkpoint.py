@@ -36,6 +36,9 @@ topic (plain, compacted or transactional) replicated by mm2py:
 It never skips a record it did not consume. ``mm2py_checkpoint_latency_seconds``
 measures the first item: from the moment this part first reads a group's new
 committed offset to the moment the target acknowledges the exact checkpoint for it.
+With ``metrics.mm2.names.enabled`` MM2's own checkpoint latency is kept too, as MM2
+takes it: from a checkpoint record's timestamp (when it was made) to the target
+acknowledging it, per group and remote partition.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ from mm2py.kafka.groups import (
 )
 from mm2py.kafka.internal_topics import OffsetSyncTail, load_checkpoints
 from mm2py.kafka.topics import ensure_internal_topic
+from mm2py.replication.stats import Sensor
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +180,11 @@ class CheckpointPart(FlowPart):
         # (group, remote topic, partition) -> when a committed offset not yet
         # reflected by an exact checkpoint was first read.
         self._pending: dict[tuple[str, str, int], float] = {}
+        # MM2's checkpoint-latency-ms by (group, remote topic, partition), when enabled.
+        self.mm2_latency: dict[tuple[str, str, int], Sensor] | None = None
+        if flow.settings.metrics_mm2_names_enabled:
+            self.mm2_latency = {}
+            metrics.replication.add_checkpoints(flow.source, flow.target, self.mm2_latency)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -347,8 +356,15 @@ class CheckpointPart(FlowPart):
                 f"{failures[0] if failures else f'{remaining} not acknowledged in time'}"
             )
         acked = time.time()
+        sensors = self.mm2_latency
         for cp, found in checkpoints:
             self.store.add(cp)
+            if sensors is not None:
+                key = (cp.consumer_group_id, cp.topic, cp.partition)
+                sensor = sensors.get(key)
+                if sensor is None:
+                    sensor = sensors[key] = Sensor(acked)
+                sensor.record(max(acked - timestamp_ms / 1000, 0.0), acked)
             if found.exact:
                 self._observe((cp.consumer_group_id, cp.topic, cp.partition), acked)
         log.debug("flow %s: wrote %d checkpoints", self.flow.name, len(checkpoints))

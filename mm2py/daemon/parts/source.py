@@ -75,7 +75,10 @@ class SourcePart(FlowPart):
     ) -> None:
         super().__init__(flow, source, target, metrics)
         self.stats = ReplicationStats(
-            flow.source, flow.target, flow.settings.metrics_partition_labels
+            flow.source,
+            flow.target,
+            flow.settings.metrics_partition_labels,
+            flow.settings.metrics_mm2_names_enabled,
         )
         metrics.replication.add(self.stats)
         self._loop: CopyLoop | None = None
