@@ -4,6 +4,7 @@ connectors, and its answers over HTTP (served by uvicorn on a free port, no brok
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -239,8 +240,6 @@ def call(base: str, method: str, path: str, body: bytes | None = None) -> tuple[
             raw = err.read()
             return err.code, json.loads(raw) if raw else None, err.headers
         except urllib.error.URLError:  # the server thread is still starting
-            import time
-
             time.sleep(0.1)
     raise AssertionError(f"no answer from {base}")
 
