@@ -39,6 +39,7 @@ import logging
 import re
 import socket
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -88,7 +89,8 @@ KIND_OF_PART: Final = {
 TASK_PART: Final = {SOURCE: "source", CHECKPOINT: "checkpoint", HEARTBEAT: "heartbeat"}
 HIDDEN: Final = "[hidden]"  # what Kafka's Password.toString() shows
 OFFSETS_READ_TIMEOUT = 10.0
-CLUSTER_ID_TIMEOUT = 3.0
+CLUSTER_ID_TIMEOUT = 2.0
+CLUSTER_ID_RETRY = 30.0
 
 T = TypeVar("T")
 ConnectState = Literal["UNASSIGNED", "RUNNING", "PAUSED", "FAILED", "RESTARTING", "STOPPED"]
@@ -408,6 +410,7 @@ class LocalWorker:
         self.config: MirrorConfig = control.config
         self.worker_id = worker_id(control.listen)
         self._cluster_id: str | None = None
+        self._cluster_id_next = 0.0  # monotonic time of the next try
         self._cluster_id_lock = threading.Lock()
 
     # -- connectors --------------------------------------------------------------------
@@ -537,9 +540,12 @@ class LocalWorker:
         ]
 
     def kafka_cluster_id(self) -> str | None:
-        """The cluster ID of the first flow's target (asked once it answers)."""
+        """The cluster ID of the first flow's target: asked until it answers, at most
+        once every CLUSTER_ID_RETRY seconds (GET / answers null meanwhile, at once)."""
         with self._cluster_id_lock:
-            if self._cluster_id is None:
+            now = time.monotonic()
+            if self._cluster_id is None and now >= self._cluster_id_next:
+                self._cluster_id_next = now + CLUSTER_ID_RETRY
                 names = self.control.flow_names()
                 if names:
                     target = self.config.cluster(self.flow(names[0]).target)
@@ -577,10 +583,9 @@ def ask_cluster_id(cluster: ClusterConfig) -> str | None:
     """The cluster's ID, or None when it does not answer in time."""
     admin = clients.admin_client(cluster.librdkafka("admin"), {"log_level": 0})
     try:
-        described = clients.admin_result(
-            admin.describe_cluster(request_timeout=CLUSTER_ID_TIMEOUT), CLUSTER_ID_TIMEOUT
-        )
-    except Exception as exc:  # asked again next time; GET / answers null meanwhile
+        future = admin.describe_cluster(request_timeout=CLUSTER_ID_TIMEOUT)
+        described = future.result(timeout=CLUSTER_ID_TIMEOUT + 1)
+    except Exception as exc:  # asked again later; GET / answers null meanwhile
         log.debug("cluster %s: no cluster ID yet: %s", cluster.alias, clients.error_text(exc))
         return None
     cluster_id = getattr(described, "cluster_id", None)

@@ -15,6 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from mm2py.config import MirrorConfig, load_config
+from mm2py.daemon import connect_api
 from mm2py.daemon.api import ApiServer, bind, build_app
 from mm2py.daemon.connect_api import (
     CHECKPOINT,
@@ -348,3 +349,21 @@ def test_no_answer_shows_a_secret(base: str) -> None:
     for path in ["/connectors?expand=info", f"{SRC}/config", f"{SRC}/tasks", f"{CKP}/status"]:
         code, body, _ = call(base, "GET", path)
         assert code == 200 and SECRET not in json.dumps(body)
+
+
+def test_the_cluster_id_is_asked_again_only_after_a_while(
+    stand_in: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[str] = []
+
+    def ask(cluster: Any) -> str | None:
+        asked.append(cluster.alias)
+        return None if len(asked) == 1 else "abc"
+
+    monkeypatch.setattr(connect_api, "ask_cluster_id", ask)
+    worker = connect_api.LocalWorker(stand_in)  # type: ignore[arg-type]
+    assert worker.kafka_cluster_id() is None  # B does not answer: null at once
+    assert worker.kafka_cluster_id() is None and asked == ["B"]  # not asked again yet
+    worker._cluster_id_next = 0.0  # as after CLUSTER_ID_RETRY seconds
+    assert worker.kafka_cluster_id() == "abc" and asked == ["B", "B"]
+    assert worker.kafka_cluster_id() == "abc" and asked == ["B", "B"]  # kept once known
