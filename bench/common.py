@@ -17,6 +17,7 @@ import resource
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -304,6 +305,55 @@ def producer_performance(
     records = sum(r.records for r in results)
     rate = records / seconds
     return Throughput(records, rate, rate * workload.record_bytes / MIB, cpu)
+
+
+def rdkafka_producer_performance(
+    cluster: LocalCluster,
+    topic: str,
+    workload: Workload,
+    props: Mapping[str, str],
+    processes: int = 1,
+) -> Throughput:
+    """Produce the workload into an existing topic with librdkafka alone (bench.rdkafka_perf),
+    in `processes` Python processes at once, each an equal share; the rate is all records
+    over the longest one's producing time, the CPU time theirs (interpreter start-up
+    included)."""
+    shares = [workload.records // processes] * processes
+    shares[0] += workload.records - sum(shares)
+    settings = [f"{k}={v}" for k, v in props.items()]
+    cpu_before = _children_cpu()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.rdkafka_perf",
+                cluster.bootstrap_servers,
+                topic,
+                str(share),
+                str(workload.record_bytes),
+                *settings,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for share in shares
+    ]
+    outputs = [proc.communicate() for proc in procs]
+    cpu = _children_cpu() - cpu_before
+    results = []
+    for proc, (stdout, stderr) in zip(procs, outputs, strict=True):
+        if proc.returncode != 0:
+            raise ToolError(f"bench.rdkafka_perf exited with {proc.returncode}:\n{stderr[-2000:]}")
+        results.append(json.loads(stdout.strip().splitlines()[-1]))
+    have = sum(end_offsets(cluster, topic).values())
+    if have != workload.records:
+        raise ToolError(
+            f"bench.rdkafka_perf left {have} records in {topic}, not {workload.records}"
+        )
+    rate = workload.records / max(r["seconds"] for r in results)
+    return Throughput(workload.records, rate, rate * workload.record_bytes / MIB, cpu)
 
 
 def consumer_performance(
