@@ -307,6 +307,29 @@ def producer_performance(
     return Throughput(records, rate, rate * workload.record_bytes / MIB, cpu)
 
 
+def _rdkafka_perf(runs: Sequence[Sequence[str]]) -> tuple[list[dict[str, Any]], float]:
+    """Run bench.rdkafka_perf once per argument list, all at once; their JSON results and
+    the CPU-seconds they used together."""
+    cpu_before = _children_cpu()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.rdkafka_perf", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for args in runs
+    ]
+    outputs = [proc.communicate() for proc in procs]
+    cpu = _children_cpu() - cpu_before
+    results = []
+    for proc, (stdout, stderr) in zip(procs, outputs, strict=True):
+        if proc.returncode != 0:
+            raise ToolError(f"bench.rdkafka_perf exited with {proc.returncode}:\n{stderr[-2000:]}")
+        results.append(json.loads(stdout.strip().splitlines()[-1]))
+    return results, cpu
+
+
 def rdkafka_producer_performance(
     cluster: LocalCluster,
     topic: str,
@@ -321,38 +344,39 @@ def rdkafka_producer_performance(
     shares = [workload.records // processes] * processes
     shares[0] += workload.records - sum(shares)
     settings = [f"{k}={v}" for k, v in props.items()]
-    cpu_before = _children_cpu()
-    procs = [
-        subprocess.Popen(
+    results, cpu = _rdkafka_perf(
+        [
             [
-                sys.executable,
-                "-m",
-                "bench.rdkafka_perf",
+                "produce",
                 cluster.bootstrap_servers,
                 topic,
-                str(share),
+                str(n),
                 str(workload.record_bytes),
                 *settings,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for share in shares
-    ]
-    outputs = [proc.communicate() for proc in procs]
-    cpu = _children_cpu() - cpu_before
-    results = []
-    for proc, (stdout, stderr) in zip(procs, outputs, strict=True):
-        if proc.returncode != 0:
-            raise ToolError(f"bench.rdkafka_perf exited with {proc.returncode}:\n{stderr[-2000:]}")
-        results.append(json.loads(stdout.strip().splitlines()[-1]))
+            ]
+            for n in shares
+        ]
+    )
     have = sum(end_offsets(cluster, topic).values())
     if have != workload.records:
-        raise ToolError(
-            f"bench.rdkafka_perf left {have} records in {topic}, not {workload.records}"
-        )
+        raise ToolError(f"bench.rdkafka_perf left {have} of {workload.records} records in {topic}")
     rate = workload.records / max(r["seconds"] for r in results)
+    return Throughput(workload.records, rate, rate * workload.record_bytes / MIB, cpu)
+
+
+def rdkafka_consumer_performance(
+    cluster: LocalCluster, topic: str, workload: Workload, props: Mapping[str, str]
+) -> Throughput:
+    """Read the workload from `topic` with librdkafka alone (bench.rdkafka_perf); the rate is
+    from its first record to its last, the CPU time includes interpreter start-up."""
+    settings = [f"{k}={v}" for k, v in props.items()]
+    results, cpu = _rdkafka_perf(
+        [["consume", cluster.bootstrap_servers, topic, str(workload.records), *settings]]
+    )
+    seconds = results[0]["seconds"]
+    if results[0]["records"] < workload.records or seconds <= 0:
+        raise ToolError(f"bench.rdkafka_perf read {results[0]['records']} records of {topic}")
+    rate = workload.records / seconds
     return Throughput(workload.records, rate, rate * workload.record_bytes / MIB, cpu)
 
 

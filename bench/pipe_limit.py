@@ -15,9 +15,10 @@ found:
   JVM tool needs more CPU a record than librdkafka (``tried`` in the output has
   each run's CPU-seconds per million records), so on this 2-core machine, where
   producing is CPU-bound, it alone would bound only replicators slower than itself;
-- from A: ConsumerPerformance, read_committed as mm2py reads, with each of
-  CONSUMER_SETTINGS; the fastest run is the consuming half (fetch rate, group join
-  excluded).
+- from A, read_committed as mm2py reads: ConsumerPerformance with each of
+  CONSUMER_SETTINGS (its fetch rate, group join excluded), and librdkafka alone
+  (bench.rdkafka_perf: first record to last) RUNS - 1 times; the fastest run is the
+  consuming half.
 
 Each run is timed by the tool itself (JVM or interpreter start-up excluded) and goes
 alone, so neither half shares the (two) cores with the other; a replicator doing both
@@ -50,6 +51,7 @@ from bench.common import (
     local_clusters,
     prefill,
     producer_performance,
+    rdkafka_consumer_performance,
     rdkafka_producer_performance,
 )
 
@@ -82,6 +84,14 @@ RDKAFKA_SETTINGS: Final[Mapping[str, str]] = {
     "queue.buffering.max.kbytes": "131072",
     "queue.buffering.max.messages": "1000000",
 }
+# Reading from A with librdkafka: mm2py's consumer settings, more prefetched.
+RDKAFKA_CONSUMER_SETTINGS: Final[Mapping[str, str]] = {
+    "isolation.level": "read_committed",
+    "enable.auto.commit": "false",
+    "queued.max.messages.kbytes": "65536",
+    "fetch.wait.max.ms": "100",
+}
+CONSUMER_PERFORMANCE_TOOL: Final = "ConsumerPerformance"
 PARALLEL_PRODUCERS: Final = 2
 RUNS: Final = 3  # runs of the best producer setting, counting the first
 # Reading from A: read_committed, bigger fetches and polls than the defaults.
@@ -156,10 +166,10 @@ def best_producing(target: Any, workload: Workload, tried: list[dict[str, Any]])
 def best_consuming(
     source: Any, topic: str, workload: Workload, tried: list[dict[str, Any]]
 ) -> Throughput:
-    """The fastest run of ConsumerPerformance reading `topic` on `source` (see above)."""
+    """The fastest run reading `topic` on `source` (see above)."""
     results = [
         _attempt(
-            "consume from A",
+            f"consume from A ({CONSUMER_PERFORMANCE_TOOL})",
             consumer_performance(source, topic, workload.records, props, fetch_size),
             tried,
             fetch_size=fetch_size,
@@ -167,6 +177,15 @@ def best_consuming(
         )
         for props, fetch_size in CONSUMER_SETTINGS
     ]
+    for _ in range(RUNS - 1):
+        results.append(
+            _attempt(
+                f"consume from A ({RDKAFKA_TOOL})",
+                rdkafka_consumer_performance(source, topic, workload, RDKAFKA_CONSUMER_SETTINGS),
+                tried,
+                **RDKAFKA_CONSUMER_SETTINGS,
+            )
+        )
     return max(results, key=lambda r: r.records_per_s)
 
 

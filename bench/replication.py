@@ -8,10 +8,10 @@
 Throughput, per workload (8 partitions: 1,000,000 x 1 KiB "large", 2,000,000 x 100 B
 "small"): the pipe limit (bench.pipe_limit: the slower of producing into B and
 consuming from A, each alone with the fastest of Kafka's perf tools and librdkafka,
-tuned; how it is measured is in its docstring), then MM2 and then mm2py, each copying its own pre-filled topic from A to
-B. No replicator may beat the pipe limit; the summary says so if one does. Latency:
-MM2 and then mm2py, each replicating its own fresh topic while a producer writes
-1 KiB records into it at a steady 5,000/s.
+tuned; how it is measured is in its docstring), then MM2 and then mm2py, each
+copying its own pre-filled topic from A to B. No replicator may beat the pipe limit;
+the summary says so if one does. Latency: MM2 and then mm2py, each replicating its
+own fresh topic while a producer writes 1 KiB records into it at a steady 5,000/s.
 
 Every row has records/s and, steadier on a shared machine, CPU per record: the
 user+sys CPU-seconds per million records of the replicator's processes (the process
