@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install jars prometheus demo test lint unit integration bench clean
+.PHONY: install jars prometheus docker-engine demo test lint unit integration bench clean
 
 install: $(STAMP)
 
@@ -37,7 +37,13 @@ prometheus:
 	command -v prometheus >/dev/null && command -v promtool >/dev/null || ($(SUDO) apt-get update \
 		&& $(SUDO) apt-get install -y --no-install-recommends prometheus)
 
-test: jars prometheus lint
+# The Docker image test starts Debian's Docker engine (as root; it skips without one)
+# and builds a stand-in base image with debootstrap.
+docker-engine:
+	command -v dockerd >/dev/null && command -v debootstrap >/dev/null || ($(SUDO) apt-get update \
+		&& $(SUDO) apt-get install -y --no-install-recommends docker.io debootstrap)
+
+test: jars prometheus docker-engine lint
 	$(BIN)/pytest -q -ra
 
 bench: jars
