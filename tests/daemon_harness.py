@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mm2py.dev import mirrormaker
 from mm2py.dev.launcher import LocalCluster
@@ -71,6 +72,29 @@ class RunningDaemon:
         with urllib.request.urlopen(url, timeout=5) as resp:
             return str(resp.read().decode())
 
+    def status_json(self, flow: str) -> dict[str, Any]:
+        """GET /flows/{flow}/status, parsed."""
+        parsed: dict[str, Any] = json.loads(self.status(flow))
+        return parsed
+
+    def task_pids(self) -> set[int]:
+        """The pids of the daemon's task processes (multiprocessing's spawned children)."""
+        pids: set[int] = set()
+        for thread in _listdir(f"/proc/{self.proc.pid}/task"):
+            try:
+                with open(f"/proc/{self.proc.pid}/task/{thread}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+            for child in children:
+                try:
+                    with open(f"/proc/{child}/cmdline", "rb") as f:
+                        if b"spawn_main" in f.read():
+                            pids.add(child)
+                except OSError:
+                    continue
+        return pids
+
     def report(self) -> str:
         """Each flow's status from the REST API, then the log's tail (for failed tests)."""
         lines = [f"--- mm2py daemon on {self.listen}, log {self.log_path}"]
@@ -91,6 +115,13 @@ class RunningDaemon:
         self.proc.send_signal(sig)
         code = self.proc.wait(timeout)
         return code, time.monotonic() - started
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:  # the process is gone
+        return []
 
 
 @contextmanager
