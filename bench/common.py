@@ -663,8 +663,9 @@ class PeakRss:
         return self.peak_kib * 1024
 
     def per_process_mib(self) -> dict[str, float]:
-        """Each process's peak resident memory in MiB."""
-        return {name: round(kib / 1024, 1) for name, kib in self.per_process_kib.items()}
+        """Each process's peak resident memory in MiB (not the launcher a process was
+        until it exec'd, seen with nothing resident)."""
+        return {name: round(kib / 1024, 1) for name, kib in self.per_process_kib.items() if kib > 0}
 
     def sample(self) -> None:
         """Take one sample now (also called by the background thread)."""
