@@ -42,7 +42,9 @@ from mm2py.dev.launcher import LocalCluster
 from tests.daemon_harness import free_port, mm2_properties
 from tests.kafka_helpers import RECENT_MS, create_topic, produce, read_all, wait_until
 
-pytestmark = pytest.mark.integration
+# A first run builds the base image and the JRE layer (~4 min on a busy 2-core machine),
+# beyond the suite's 300 s per test.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN_SCRIPT = ROOT / "docker" / "standin-base.sh"
