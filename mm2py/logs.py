@@ -21,6 +21,12 @@ LogFormat = Literal["text", "json"]
 CONTEXT_FIELDS: Final = ("flow", "part", "topic", "partition", "group")
 
 _context = threading.local()
+_chosen: tuple[str, LogFormat] = ("INFO", "text")
+
+
+def chosen() -> tuple[str, LogFormat]:
+    """The level and format `configure` was last given (for a task process to log alike)."""
+    return _chosen
 
 
 def set_context(**fields: str | int | None) -> None:
@@ -96,6 +102,8 @@ def _iso_time(created: float) -> str:
 
 def configure(level: str = "INFO", fmt: LogFormat = "text") -> None:
     """Send every log event to stderr, one line each, in the chosen format."""
+    global _chosen
+    _chosen = (level, fmt)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(ContextFilter())

@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,6 +36,10 @@ def mm2_properties(source: LocalCluster, target: LocalCluster, topics: str, **ex
         topics,
         **extra,
     )
+    # Each file is a cluster of its own: other tests' daemons (a module's shared one, say)
+    # may run the same flow beside it and must not take its tasks. Nodes started on the
+    # same file share this group.
+    props.setdefault("cluster.group.id", f"mm2py-test-{uuid.uuid4().hex[:12]}")
     return mirrormaker.render_properties(props)
 
 

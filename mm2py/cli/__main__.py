@@ -4,4 +4,6 @@ import sys
 
 from mm2py.cli import main
 
-sys.exit(main())
+# Guarded: a task process (multiprocessing spawn) imports this module again.
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,5 @@
-"""`mm2py status`: a running daemon's flows, parts, lag and latency, read from its REST API."""
+"""`mm2py status`: a running daemon's flows, parts, lag and latency, and each flow's
+cluster (nodes, tasks, states), read from its REST API."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ def run(args: argparse.Namespace) -> int:
 
     from pydantic import ValidationError
 
+    from mm2py.cluster.view import FlowCluster, format_cluster
     from mm2py.daemon.status import FlowStatus, Health, format_status
 
     base = args.url.rstrip("/")
@@ -39,6 +41,10 @@ def run(args: argparse.Namespace) -> int:
             for n in names
         ]
         health = Health.model_validate(get("/health"))
+        answer = get("/cluster")
+        if not isinstance(answer, list):
+            raise ValueError("GET /cluster did not answer a list")
+        clusters = [FlowCluster.model_validate(c) for c in answer]
     except (urllib.error.URLError, OSError) as err:
         reason = getattr(err, "reason", err)
         raise Mm2pyError(
@@ -49,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
         first = str(err).splitlines()[0]
         raise Mm2pyError(f"{base} is not an mm2py daemon: {first}") from err
     sys.stdout.write(format_status(flows, health))
+    if clusters:
+        sys.stdout.write("\n" + "\n".join(format_cluster(clusters)).rstrip() + "\n")
     return EXIT_OK
 
 

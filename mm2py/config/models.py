@@ -231,6 +231,16 @@ class FlowSettings(BaseModel):
         int, BeforeValidator(_parse_int), AfterValidator(_check_at_least(1000))
     ] = Field(30000, alias="cluster.unreachable.grace.ms")
 
+    # mm2py's own (no MM2 key): the group protocol the nodes of an mm2py cluster share a
+    # flow's tasks with (mm2py.cluster.assignment); auto: `consumer` where the target's
+    # brokers serve it (Kafka 4.x), else `classic`.
+    cluster_group_protocol: Annotated[
+        Literal["auto", "consumer", "classic"], BeforeValidator(_strip)
+    ] = Field("auto", alias="cluster.group.protocol")
+    # mm2py's own: that group's id (default mm2py-<source>-><target>); nodes with the same
+    # config share it. Two deployments of one flow that must not share tasks set their own.
+    cluster_group_id: Text | None = Field(None, alias="cluster.group.id")
+
     # mm2py's own (no MM2 key): series of the replication metrics per partition rather
     # than per topic (README, Metrics).
     metrics_partition_labels: Bool = Field(False, alias="metrics.partition.labels")

@@ -2,7 +2,7 @@
 
 Every key mm2py accepts is honoured or said to be ignored: the keys below are
 logged once per load, in one line naming the file and every place the key is
-set (``tasks.max, A->B.tasks.max``), never a value. A config asking for
+set (``offset.lag.max, A->B.offset.lag.max``), never a value. A config asking for
 exactly-once delivery is refused (ConfigError) until mm2py provides it, rather
 than run at-least-once with a warning.
 
@@ -21,10 +21,6 @@ from typing import Literal
 
 # Keys whose meaning mm2py does not implement (yet), said at WARNING level.
 NOT_HONOURED = {
-    "tasks.max": (
-        "not honoured yet: each flow runs as one task in one process"
-        " (running a flow as several tasks comes with mm2py clusters)"
-    ),
     "offset.lag.max": (
         "not needed: mm2py writes an offset sync wherever source and target offsets stop"
         " advancing together, so translation is exact whatever the lag"

@@ -7,6 +7,7 @@
     PUT  /flows/{flow}/resume     continue where the pause stopped (202)
     POST /flows/{flow}/restart    stop and start every part of the flow
     GET  /health                  200 when every enabled flow runs, else 503
+    GET  /cluster                 each flow's cluster: nodes, tasks, states, partitions
     GET  /metrics                 Prometheus exposition
     GET  /openapi.json            this API's OpenAPI document
 
@@ -34,6 +35,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from mm2py import __version__
+from mm2py.cluster.view import FlowCluster
 from mm2py.config import MirrorConfig
 from mm2py.daemon import connect_api
 from mm2py.daemon.metrics import exposition
@@ -67,6 +69,8 @@ class FlowControl(Protocol):
     def restart_flow(self, name: str) -> None: ...
 
     def health(self) -> Health: ...
+
+    def cluster_status(self) -> list[FlowCluster]: ...
 
 
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {
@@ -108,6 +112,14 @@ def build_app(control: FlowControl) -> FastAPI:
         if action is not None:
             action(name)
         return control.flow_status(name)
+
+    @app.get(
+        "/cluster",
+        response_model=list[FlowCluster],
+        summary="each flow's cluster: its nodes, which runs which task, their states",
+    )
+    def cluster() -> list[FlowCluster]:
+        return control.cluster_status()
 
     @app.get("/flows", response_model=list[str], summary="the flows this daemon runs")
     def list_flows() -> list[str]:

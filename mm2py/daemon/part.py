@@ -109,7 +109,8 @@ class Part(ABC):
             self.run()
         except BaseException as exc:  # the daemon restarts the part and reports the error
             self.error = exc
-            self.error_trace = traceback.format_exc()
+            # A task process's own trace, where the error came from one (TaskFailed).
+            self.error_trace = getattr(exc, "trace", None) or traceback.format_exc()
             self.errors.inc()
             log.error("flow %s: %s part failed: %s", self.flow.name, self.name, exc, exc_info=True)
 

@@ -16,14 +16,23 @@ from pydantic import BaseModel, Field
 from mm2py.replication.stats import LATENCY_BUCKETS
 
 # UNREACHABLE: a cluster the part uses has not answered for cluster.unreachable.grace.ms.
-PartState = Literal["RUNNING", "PAUSED", "FAILED", "UNREACHABLE"]
+# STANDBY: a once-per-flow part that runs on another node of the cluster (with task 0).
+# JOINING: the node's member part, until the flow's group has given it its tasks.
+PartState = Literal["RUNNING", "PAUSED", "FAILED", "UNREACHABLE", "STANDBY", "JOINING"]
 
 
 class PartStatus(BaseModel):
     """One part of a flow (as a task of a Kafka Connect connector)."""
 
-    part: str = Field(description="source, checkpoint, sync or heartbeat")
+    part: str = Field(
+        description="source (one per task on this node), member, checkpoint, sync or heartbeat"
+    )
     state: PartState
+    task: int | None = Field(default=None, description="the task of the flow (source parts)")
+    partitions: list[str] = Field(
+        default_factory=list,
+        description="the remote topic partitions the task copies, as `topic-partition`",
+    )
     restarts: int = Field(description="failures since the daemon started (each one restarted)")
     trace: str | None = Field(
         default=None, description="the error of the last failure, while FAILED"
@@ -72,7 +81,8 @@ class FlowStatus(BaseModel):
     replicating: bool = Field(description="A->B.enabled; false for a pair that only heartbeats")
     state: PartState = Field(
         description="FAILED if a part failed or a partition stopped, else UNREACHABLE if a "
-        "cluster does not answer, else PAUSED if paused"
+        "cluster does not answer, else PAUSED if paused, else JOINING until the flow's "
+        "group has given this node its tasks"
     )
     parts: list[PartStatus]
     topics: list[TopicStatus]
@@ -107,6 +117,8 @@ def flow_state(parts: Sequence[PartStatus]) -> PartState:
         return "UNREACHABLE"
     if any(p.state == "PAUSED" for p in parts):
         return "PAUSED"
+    if any(p.state == "JOINING" for p in parts):
+        return "JOINING"
     return "RUNNING"
 
 
@@ -121,7 +133,7 @@ def health(flows: Iterable[FlowStatus]) -> Health:
                 problems.append(
                     f"flow {flow.name}: {part.part} part UNREACHABLE: {'; '.join(part.unreachable)}"
                 )
-            elif part.state != "RUNNING":
+            elif part.state not in ("RUNNING", "STANDBY"):  # STANDBY: runs on another node
                 problems.append(f"flow {flow.name}: {part.part} part {part.state}")
             for partition, reason in sorted(part.failed_partitions.items()):
                 problems.append(f"flow {flow.name}: partition {partition} stopped: {reason}")
@@ -207,7 +219,8 @@ def _lag(value: int | None) -> str:
     return "unknown" if value is None else str(value)
 
 
-def _table(rows: Sequence[Sequence[str]], indent: str) -> list[str]:
+def text_table(rows: Sequence[Sequence[str]], indent: str) -> list[str]:
+    """Rows as left-aligned columns, two spaces apart."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [
         indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
@@ -238,7 +251,7 @@ def format_status(flows: Sequence[FlowStatus], health: Health | None = None) -> 
             elif part.failed_partitions:
                 error = f"stopped partitions: {', '.join(sorted(part.failed_partitions))}"
             part_rows.append([part.part, part.state, str(part.restarts), error])
-        lines.extend(_table(part_rows, "  "))
+        lines.extend(text_table(part_rows, "  "))
         if flow.topics:
             topic_rows = [["TOPIC", "PARTITIONS", "RECORDS", "LAG", "LATENCY p50", "p99"]]
             for topic in flow.topics:
@@ -253,7 +266,7 @@ def format_status(flows: Sequence[FlowStatus], health: Health | None = None) -> 
                     ]
                 )
             lines.append("")
-            lines.extend(_table(topic_rows, "  "))
+            lines.extend(text_table(topic_rows, "  "))
             lines.extend(
                 f"  {topic.topic}: {topic.skipped_records} records were deleted on "
                 f"{flow.source} before they were copied (the log names their offsets)"

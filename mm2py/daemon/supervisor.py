@@ -4,6 +4,13 @@ Whether each cluster answers is watched in one place (mm2py.daemon.reachability)
 part whose cluster has not answered for cluster.unreachable.grace.ms shows UNREACHABLE,
 and a part that failed meanwhile is restarted as soon as the cluster answers again.
 
+Each flow's copying is split into tasks shared by every node (`mm2py run` with the
+same config) of the flow's cluster (mm2py.cluster.assignment): a `MemberPart` holds
+this node's place in the flow's group and hands the daemon the tasks that come and
+go; each task runs as a `TaskPart` (its copy loop in a process of its own). The
+flow's once-per-flow parts (checkpoint, config/ACL sync, heartbeat) run only on the
+node that owns task 0 and show STANDBY on the others.
+
 The REST API (mm2py.daemon.api) and /metrics share the listen address. Requests that
 pause, resume or restart a flow come on the API's threads; they and the
 supervisor take turns through one lock, so a part is never restarted by both.
@@ -11,9 +18,11 @@ supervisor take turns through one lock, so a part is never restarted by both.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import signal
+import socket
 import threading
 import time
 from collections import defaultdict
@@ -23,12 +32,17 @@ from types import FrameType
 
 from prometheus_client import CollectorRegistry
 
+from mm2py.cluster.assignment import TaskSlot
+from mm2py.cluster.member import MemberPart, NodeId
+from mm2py.cluster.metrics import NodeCollector
+from mm2py.cluster.survey import SurveyError, survey
+from mm2py.cluster.task import NodeStats, TaskPart
+from mm2py.cluster.view import FlowCluster
 from mm2py.config import FlowConfig, MirrorConfig
 from mm2py.daemon.metrics import Metrics
 from mm2py.daemon.part import Part
 from mm2py.daemon.parts.checkpoint import CheckpointPart
 from mm2py.daemon.parts.heartbeat import HeartbeatPart
-from mm2py.daemon.parts.source import SourcePart
 from mm2py.daemon.parts.sync import SyncPart
 from mm2py.daemon.reachability import ClusterProbe, Reachability, ReachabilityCollector
 from mm2py.daemon.status import (
@@ -60,6 +74,13 @@ def parse_listen(address: str) -> tuple[str, int]:
     return (host or "127.0.0.1", int(port))
 
 
+def rest_address(host: str, port: int) -> str:
+    """Where other nodes reach this node's REST API (a wildcard host: this machine's name)."""
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.gethostname()
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def select_flows(config: MirrorConfig, target_clusters: Sequence[str] | None) -> list[FlowConfig]:
     """The enabled flows whose target is in `target_clusters` (as MM2's --clusters)."""
     flows = config.enabled_flows()
@@ -84,11 +105,11 @@ def build_parts(
     metrics: Metrics,
     heartbeat_flows: Sequence[FlowConfig] = (),
 ) -> list[Part]:
-    """Every part of every selected flow, and a heartbeat part for every heartbeat pair."""
+    """The once-per-flow parts of every selected flow, and a heartbeat part for every
+    heartbeat pair (the copying itself runs in tasks: `Daemon`)."""
     parts: list[Part] = []
     for flow in flows:
         source, target = config.cluster(flow.source), config.cluster(flow.target)
-        parts.append(SourcePart(flow, source, target, metrics))
         if flow.settings.period("emit.checkpoints") is not None:
             parts.append(CheckpointPart(flow, source, target, metrics))
         if SyncPart.wanted(flow):
@@ -111,6 +132,8 @@ class Supervised:
     last_error: str | None = field(default=None)
     # It failed while a cluster it uses was unreachable: restart it when that answers.
     failed_in_outage: bool = False
+    # Runs only on the node that owns the flow's task 0 (STANDBY elsewhere).
+    once_per_flow: bool = False
 
 
 class Daemon:
@@ -132,22 +155,37 @@ class Daemon:
         if heartbeat_flows is None:
             heartbeat_flows = select_heartbeat_flows(config, None)
         self.parts = [
-            Supervised(part)
+            Supervised(part, once_per_flow=True)
             for part in build_parts(config, self.flows, self.metrics, heartbeat_flows)
         ]
-        self.reachability = build_reachability(config, [sup.part for sup in self.parts])
+        # One statistics object per replicating flow, fed by the flow's tasks on this node.
+        self.stats: dict[str, NodeStats] = {}
+        for flow in self.flows:
+            stats = NodeStats(
+                flow.source,
+                flow.target,
+                flow.settings.metrics_partition_labels,
+                flow.settings.metrics_mm2_names_enabled,
+            )
+            self.stats[flow.name] = stats
+            self.metrics.replication.add(stats)
+        # One member per flow with parts here (a pair that only heartbeats has one task).
+        members: dict[str, FlowConfig] = {f.name: f for f in self.flows}
+        for sup in self.parts:
+            members.setdefault(sup.part.flow.name, sup.part.flow)
+        self._members = list(members.values())
+        self._leading: set[str] = set()  # flows whose task 0 is on this node
+        self._paused: set[str] = set()  # flows paused by request (tasks start paused)
+        self.reachability = build_reachability(
+            config, [sup.part for sup in self.parts], list(self.flows)
+        )
         for sup in self.parts:
             sup.part.reachability = self.reachability
         self.metrics.registry.register(ReachabilityCollector(self.reachability))
         self._control = threading.RLock()
-        self._latency = {
-            sup.part.flow.name: LatencyWindow()
-            for sup in self.parts
-            if isinstance(sup.part, SourcePart)
-        }
-        for name in self.flow_names():
-            flow = self._parts_of(name)[0].part.flow
-            self.metrics.flow_info.labels(name, flow.source, flow.target).set(1)
+        self._latency = {flow.name: LatencyWindow() for flow in self.flows}
+        for flow in self._members:
+            self.metrics.flow_info.labels(flow.name, flow.source, flow.target).set(1)
 
     @property
     def registry(self) -> CollectorRegistry:
@@ -175,6 +213,7 @@ class Daemon:
                 "is another mm2py running there? choose another address with --listen"
             ) from None
         server.start()
+        self._add_members(NodeId.here(rest_address(host, server.socket.getsockname()[1])))
         log.info(
             "mm2py serving the REST API and /metrics on http://%s:%d; flows: %s",
             host,
@@ -192,7 +231,8 @@ class Daemon:
         )
         probe.start()
         for sup in self.parts:
-            sup.part.start()
+            if not sup.once_per_flow:  # the others start with task 0
+                sup.part.start()
         try:
             while not self._stopping.wait(SUPERVISE_INTERVAL):
                 with self._control:
@@ -203,11 +243,83 @@ class Daemon:
             probe.stop()
             server.stop()
 
+    def _add_members(self, node: NodeId) -> None:
+        self.metrics.registry.register(NodeCollector(node, self._member_parts))
+        for flow in self._members:
+            tasks = flow.settings.tasks_max if flow.name in self.stats else 1
+            member = MemberPart(
+                flow,
+                self.config.cluster(flow.target),
+                self.metrics,
+                tasks,
+                node,
+                on_assigned=functools.partial(self._tasks_assigned, flow, tasks),
+                on_revoked=functools.partial(self._tasks_revoked, flow),
+                copies=flow.name in self.stats,
+            )
+            member.reachability = self.reachability
+            self.parts.append(Supervised(member))
+
+    def _member_parts(self) -> list[MemberPart]:
+        return [s.part for s in list(self.parts) if isinstance(s.part, MemberPart)]
+
+    # -- tasks coming and going (called on a member's thread) -------------------------
+
+    def _tasks_assigned(self, flow: FlowConfig, tasks: int, ids: set[int]) -> None:
+        """Start the tasks given to this node; with task 0, the flow's once-per-flow parts."""
+        with self._control:
+            started: list[Part] = []
+            stats = self.stats.get(flow.name)
+            if stats is not None:
+                for task in sorted(ids):
+                    task_part = TaskPart(
+                        flow,
+                        self.config.cluster(flow.source),
+                        self.config.cluster(flow.target),
+                        self.metrics,
+                        TaskSlot(task, tasks),
+                        stats,
+                    )
+                    task_part.reachability = self.reachability
+                    task_part.paused = flow.name in self._paused
+                    self.parts.append(Supervised(task_part))
+                    started.append(task_part)
+            if 0 in ids:
+                self._leading.add(flow.name)
+                started += [
+                    s.part
+                    for s in self._parts_of(flow.name)
+                    if s.once_per_flow and not s.part.idle_by_request
+                ]
+            for part in started:
+                part.start()
+
+    def _tasks_revoked(self, flow: FlowConfig, ids: set[int]) -> None:
+        """Stop the tasks taken from this node, each flushed and its progress recorded,
+        before returning (the group gives them to their next owner only then)."""
+        with self._control:
+            leaving = [
+                s
+                for s in self._parts_of(flow.name)
+                if (isinstance(s.part, TaskPart) and s.part.slot.id in ids)
+                or (s.once_per_flow and 0 in ids)
+            ]
+            if 0 in ids:
+                self._leading.discard(flow.name)
+            self.parts = [
+                s for s in self.parts if not (isinstance(s.part, TaskPart) and s in leaving)
+            ]
+            _stop_all([s.part for s in leaving])
+
+    def _standby(self, sup: Supervised) -> bool:
+        """A once-per-flow part whose flow's task 0 runs on another node."""
+        return sup.once_per_flow and sup.part.flow.name not in self._leading
+
     def _supervise(self) -> None:
         now = time.monotonic()
         for sup in self.parts:
             part = sup.part
-            if part.running or part.idle_by_request:
+            if part.running or part.idle_by_request or self._standby(sup):
                 continue
             outages = self.reachability.outages(part.clusters())
             if sup.restart_at is None:
@@ -245,20 +357,25 @@ class Daemon:
     def pause_flow(self, name: str) -> None:
         """Pause every part of the flow: no records are read until `resume_flow`."""
         with self._control:
+            self._paused.add(name)
             for sup in self._parts_of(name):
                 sup.part.pause()
         log.info("flow %s: paused by request", name, extra={"flow": name})
 
     def resume_flow(self, name: str) -> None:
         with self._control:
+            self._paused.discard(name)
             for sup in self._parts_of(name):
-                sup.part.resume()
+                if not self._standby(sup):
+                    sup.part.resume()
+                else:
+                    sup.part.paused = False
         log.info("flow %s: resumed by request", name, extra={"flow": name})
 
     def restart_flow(self, name: str) -> None:
         """Stop every part of the flow (in parallel), then start them again."""
         with self._control:
-            parts = self._parts_of(name)
+            parts = [s for s in self._parts_of(name) if not self._standby(s)]
             restarters = [
                 threading.Thread(target=sup.part.restart, args=(STOP_TIMEOUT,)) for sup in parts
             ]
@@ -274,18 +391,14 @@ class Daemon:
     def flow_status(self, name: str) -> FlowStatus:
         """States of the flow's parts; its topics with lag and recent latency."""
         parts: list[PartStatus] = []
-        topics: list[TopicStatus] = []
         flow = None
-        replicating = False
         for sup in self._parts_of(name):
-            part = sup.part
-            flow = part.flow
-            replicating = replicating or not isinstance(part, HeartbeatPart)
+            flow = sup.part.flow
             parts.append(self._part_status(sup))
-            if isinstance(part, SourcePart):
-                topics = self._topic_status(part)
         if flow is None:
             raise KeyError(name)
+        replicating = name in self.stats
+        topics = self._topic_status(name) if replicating else []
         # Lag measured before a cluster stopped answering is no longer known.
         lag_unknown = bool(self.reachability.outages((flow.source, flow.target)))
         if lag_unknown:
@@ -304,9 +417,43 @@ class Daemon:
     def health(self) -> Health:
         return health(self.flow_status(name) for name in self.flow_names())
 
+    def cluster_status(self) -> list[FlowCluster]:
+        """Every flow's cluster as its group and its nodes describe it (nodes asked in
+        parallel; a flow whose group cannot be described says why)."""
+        out: list[FlowCluster] = []
+        for member in self._member_parts():
+            try:
+                out.append(survey(member, functools.partial(self.flow_status, member.flow.name)))
+            except SurveyError as exc:
+                out.append(
+                    FlowCluster(
+                        flow=member.flow.name,
+                        group=member.group,
+                        protocol=member.protocol,
+                        tasks_max=member.tasks,
+                        members=[],
+                        tasks=[],
+                        once_per_flow_node=None,
+                        error=str(exc),
+                    )
+                )
+        return out
+
     def _part_status(self, sup: Supervised) -> PartStatus:
         part = sup.part
-        failed = part.failed_partitions() if isinstance(part, SourcePart) else {}
+        if isinstance(part, TaskPart):
+            status = self._part_state(sup, part.failed_partitions())
+            partitions = [f"{topic}-{p}" for topic, p in part.partitions()]
+            return status.model_copy(update={"task": part.slot.id, "partitions": partitions})
+        if self._standby(sup):
+            return PartStatus(part=part.name, state="STANDBY", restarts=sup.failures)
+        status = self._part_state(sup, {})
+        if isinstance(part, MemberPart) and status.state == "RUNNING" and not part.joined:
+            return status.model_copy(update={"state": "JOINING"})
+        return status
+
+    def _part_state(self, sup: Supervised, failed: dict[str, str]) -> PartStatus:
+        part = sup.part
         if part.paused and (part.running or part.idle_by_request):
             return PartStatus(part=part.name, state="PAUSED", restarts=sup.failures)
         outages = self.reachability.outages(part.clusters())
@@ -326,13 +473,15 @@ class Daemon:
         trace = part.error_trace or sup.last_error or "stopped"
         return PartStatus(part=part.name, state="FAILED", restarts=sup.failures, trace=trace)
 
-    def _topic_status(self, part: SourcePart) -> list[TopicStatus]:
+    def _topic_status(self, name: str) -> list[TopicStatus]:
         by_topic: dict[str, list[tuple[int, int]]] = defaultdict(list)
-        for (topic, _partition), stats in list(part.stats.partitions.items()):
+        flow_stats = self.stats[name]
+        partitions = list(flow_stats.partitions.items())
+        for (topic, _partition), stats in partitions:
             by_topic[topic].append((stats.records, stats.lag))
-        latency = self._latency[part.flow.name].quantiles(_latency_counts(part))
+        latency = self._latency[name].quantiles(_latency_counts(flow_stats))
         skipped: dict[str, int] = defaultdict(int)
-        for (topic, _partition), stats in list(part.stats.partitions.items()):
+        for (topic, _partition), stats in partitions:
             skipped[topic] += stats.skipped
         out = []
         for topic, rows in sorted(by_topic.items()):
@@ -352,37 +501,46 @@ class Daemon:
 
     def _record_latency(self) -> None:
         now = time.monotonic()
-        for sup in self.parts:
-            if isinstance(sup.part, SourcePart):
-                self._latency[sup.part.flow.name].record(now, _latency_counts(sup.part))
+        for name, stats in self.stats.items():
+            self._latency[name].record(now, _latency_counts(stats))
 
     def _stop_parts(self) -> None:
-        deadline = time.monotonic() + STOP_TIMEOUT
-        stoppers = [
-            threading.Thread(target=sup.part.stop, args=(STOP_TIMEOUT,)) for sup in self.parts
-        ]
-        for t in stoppers:
-            t.start()
-        for t in stoppers:
-            t.join(max(deadline - time.monotonic(), 0.1))
+        # Members first: each gives its tasks up (flushed, progress recorded) and then
+        # leaves its group, so the other nodes take the tasks over from that progress.
+        _stop_all([s.part for s in self.parts if isinstance(s.part, MemberPart)])
+        _stop_all([s.part for s in self.parts])
         log.info("mm2py stopped")
 
 
-def build_reachability(config: MirrorConfig, parts: Sequence[Part]) -> Reachability:
-    """Reachability of every cluster a part uses; a cluster's grace is the shortest of
-    the `cluster.unreachable.grace.ms` of the flows that use it."""
+def _stop_all(parts: Sequence[Part]) -> None:
+    """Stop `parts` in parallel, within STOP_TIMEOUT in all."""
+    deadline = time.monotonic() + STOP_TIMEOUT
+    stoppers = [threading.Thread(target=part.stop, args=(STOP_TIMEOUT,)) for part in parts]
+    for t in stoppers:
+        t.start()
+    for t in stoppers:
+        t.join(max(deadline - time.monotonic(), 0.1))
+
+
+def build_reachability(
+    config: MirrorConfig, parts: Sequence[Part], flows: Sequence[FlowConfig] = ()
+) -> Reachability:
+    """Reachability of every cluster a part or a replicating flow uses; a cluster's grace
+    is the shortest of the `cluster.unreachable.grace.ms` of the flows that use it."""
     grace: dict[str, float] = {}
-    for part in parts:
-        for alias in part.clusters():
-            seconds = part.flow.settings.unreachable_grace
+    uses = [(part.flow, part.clusters()) for part in parts]
+    uses += [(flow, (flow.source, flow.target)) for flow in flows]
+    for flow, aliases in uses:
+        for alias in aliases:
+            seconds = flow.settings.unreachable_grace
             grace[alias] = min(grace.get(alias, seconds), seconds)
     return Reachability({a: config.cluster(a).bootstrap_servers for a in grace}, grace)
 
 
-def _latency_counts(part: SourcePart) -> dict[str, list[int]]:
+def _latency_counts(flow_stats: NodeStats) -> dict[str, list[int]]:
     """Replication latency bucket counts of each remote topic, summed over partitions."""
     out: dict[str, list[int]] = {}
-    for (topic, _partition), stats in list(part.stats.partitions.items()):
+    for (topic, _partition), stats in list(flow_stats.partitions.items()):
         total = out.setdefault(topic, [0] * len(stats.latency.counts))
         for i, count in enumerate(stats.latency.counts):
             total[i] += count

@@ -143,6 +143,13 @@ def server_properties(cluster: LocalCluster) -> str:
         "share.coordinator.state.topic.replication.factor=1",
         "share.coordinator.state.topic.min.isr=1",
         "group.initial.rebalance.delay.ms=0",
+        # KIP-848 groups (mm2py clusters' default protocol) lose a dead member after
+        # the broker's session timeout; Kafka's 45 s default would make every failover
+        # in the tests and the demo take that long.
+        "group.consumer.min.session.timeout.ms=6000",
+        "group.consumer.session.timeout.ms=10000",
+        "group.consumer.min.heartbeat.interval.ms=1000",
+        "group.consumer.heartbeat.interval.ms=2000",
         "auto.create.topics.enable=false",
         "log.flush.interval.messages=9223372036854775807",
     ]

@@ -150,7 +150,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
 ) -> None:
     queries = panel_queries()
     titles = {title for title, _ in queries}
-    assert len(titles) == 8 and len(queries) == 12
+    assert len(titles) == 10 and len(queries) == 14
     # mm2py_checkpoint_latency_seconds comes with the checkpoint part; skip its panel only
     # if the metric is not defined at all.
     has_checkpoints = (

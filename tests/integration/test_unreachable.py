@@ -95,8 +95,10 @@ def test_clusters_unreachable_from_the_start(tmp_path: Path) -> None:
     with running_daemon(config) as daemon:
         wait_until(lambda: _serving(daemon), timeout=60, what="the REST API")
         health = HealthLog(daemon)
+        # No task can be had while B (the group's cluster) does not answer: the node's
+        # member part is the flow's part here.
         reason = re.compile(
-            rf"^flow A->B: source part UNREACHABLE: cluster A \({a_addr}\) since "
+            rf"^flow A->B: member part UNREACHABLE: cluster A \({a_addr}\) since "
             rf"\d\d:\d\d:\d\d; cluster B \({b_addr}\) since \d\d:\d\d:\d\d$"
         )
         health.until(reason, timeout=30, what="503 naming both clusters")

@@ -3,6 +3,10 @@
 Every ``refresh.topics.interval.seconds`` the source part asks `TopicDiscovery.refresh()`
 what changed: partitions of replicated topics not seen before (their remote topics
 created or grown first, in one batch) and partitions whose source topic is gone.
+
+A task (mm2py.cluster.assignment) sees only its own partitions. Task 0 creates and
+grows the remote topics of the whole flow; another task takes a partition once its
+remote partition exists, and says it is `waiting` meanwhile so that it looks again soon.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
+from mm2py.cluster.assignment import WHOLE_FLOW, TaskSlot
 from mm2py.compat.flow import FlowRules
 from mm2py.compat.topic_configs import ConfigPropertyFilter
 from mm2py.kafka.topics import TopicAdminError, await_topics, list_offsets, partition_counts
@@ -35,6 +40,8 @@ class TopicChanges:
     # Where new partitions without progress start: their log start offsets.
     earliest: dict[SourcePartition, int] = field(default_factory=dict)
     failures: int = 0  # topics that could not be made ready (logged)
+    # Partitions of this task whose remote partition task 0 has not made yet.
+    waiting: bool = False
 
 
 class TopicDiscovery:
@@ -47,10 +54,13 @@ class TopicDiscovery:
         target_admin: AdminClient,
         producer: Any,
         stored: set[SourcePartition],
+        slot: TaskSlot = WHOLE_FLOW,
     ) -> None:
         """`producer` is the copy loop's: it must see new remote partitions before they are
-        produced to; `stored` are the partitions with progress (they need no start look-up)."""
+        produced to; `stored` are the partitions with progress (they need no start look-up);
+        `slot` is the task whose partitions are wanted."""
         self.rules = rules
+        self.slot = slot
         self._source_admin = source_admin
         self._target_admin = target_admin
         self._producer = producer
@@ -70,6 +80,34 @@ class TopicDiscovery:
             log.warning("flow %s: listing topics failed, retrying later: %s", flow.name, exc)
             return TopicChanges([], [])
         replicated = {t: n for t, n in source_counts.items() if rules.should_replicate(t)}
+        if self.slot.creates_topics:
+            ready = self._make_ready(replicated, target_counts)
+            copyable = replicated
+        else:
+            ready = set(replicated)
+            copyable = {t: target_counts.get(rules.remote_topic(t), 0) for t in replicated}
+        failures = len(replicated) - len(ready)
+        mine = [
+            (topic, partition)
+            for topic in sorted(ready)
+            for partition in range(replicated[topic])
+            if self.slot.owns(topic, partition) and (topic, partition) not in self._discovered
+        ]
+        new = [
+            NewPartition(topic, partition, rules.remote_topic(topic))
+            for topic, partition in mine
+            if partition < min(copyable[topic], replicated[topic])
+        ]
+        self._discovered.update((p.topic, p.partition) for p in new)
+        # A deleted source topic: stop fetching it (its remote topic is kept, as MM2 does).
+        gone = sorted(where for where in self._discovered if where[0] not in source_counts)
+        self._discovered.difference_update(gone)
+        return TopicChanges(new, gone, self._earliest(new), failures, waiting=len(new) < len(mine))
+
+    def _make_ready(self, replicated: dict[str, int], target_counts: dict[str, int]) -> set[str]:
+        """Create or grow the remote topics (task 0's job); the source topics now ready."""
+        rules = self.rules
+        flow = rules.flow
         result = ensure_remote_topics(
             rules,
             self._source_admin,
@@ -87,17 +125,7 @@ class TopicDiscovery:
             except TopicAdminError as exc:
                 log.error("flow %s: %s", flow.name, exc)
                 ready -= {t for t in ready if rules.remote_topic(t) in result.changed}
-        new = [
-            NewPartition(topic, partition, rules.remote_topic(topic))
-            for topic in sorted(ready)
-            for partition in range(replicated[topic])
-            if (topic, partition) not in self._discovered
-        ]
-        self._discovered.update((p.topic, p.partition) for p in new)
-        # A deleted source topic: stop fetching it (its remote topic is kept, as MM2 does).
-        gone = sorted(where for where in self._discovered if where[0] not in source_counts)
-        self._discovered.difference_update(gone)
-        return TopicChanges(new, gone, self._earliest(new), len(replicated) - len(ready))
+        return ready
 
     def _earliest(self, new: list[NewPartition]) -> dict[SourcePartition, int]:
         """Log start offsets of the new partitions that have no progress yet.

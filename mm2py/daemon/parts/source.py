@@ -20,6 +20,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
+from mm2py.cluster.assignment import WHOLE_FLOW, TaskSlot
 from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.daemon.metrics import Metrics
 from mm2py.daemon.part import FlowPart
@@ -42,6 +43,7 @@ PROGRESS_INTERVAL = 1.0
 LAG_INTERVAL = 1.0
 STOP_FLUSH_TIMEOUT = 7.0
 PAUSE_TIMEOUT = 5.0
+WAITING_RETRY = 1.0
 
 # mm2py's tuning for the copy loop's clients; the cluster's own settings win.
 CONSUMER_TUNING: Mapping[str, Any] = {
@@ -72,8 +74,11 @@ class SourcePart(FlowPart):
         source: ClusterConfig,
         target: ClusterConfig,
         metrics: Metrics,
+        slot: TaskSlot = WHOLE_FLOW,
     ) -> None:
+        """`slot`: the task of the flow this part copies (by default the whole flow)."""
         super().__init__(flow, source, target, metrics)
+        self.slot = slot
         self.stats = ReplicationStats(
             flow.source,
             flow.target,
@@ -173,7 +178,9 @@ class SourcePart(FlowPart):
         )
         reset_log.on_reset = loop.offset_reset
         self._loop = loop
-        discovery = TopicDiscovery(rules, source_admin, target_admin, producer, set(stored))
+        discovery = TopicDiscovery(
+            rules, source_admin, target_admin, producer, set(stored), self.slot
+        )
         found: queue.SimpleQueue[TopicChanges] = queue.SimpleQueue()
         loop_done = threading.Event()
         # Topic discovery calls admin APIs that can take a while; it runs beside
@@ -240,6 +247,8 @@ class SourcePart(FlowPart):
                 self.errors.inc(changes.failures)
             if changes.new or changes.gone:
                 found.put(changes)
+            if changes.waiting:  # for task 0 to make remote partitions: look again soon
+                scheduler.add("waiting for remote topics", refresh, None, delay=WAITING_RETRY)
 
         every = self.rules.refresh_topics_interval
         # Any failure is logged and counted; the next refresh tries again.

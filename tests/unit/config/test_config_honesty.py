@@ -32,32 +32,15 @@ def lines(caplog: pytest.LogCaptureFixture, level: int = logging.WARNING) -> lis
 # --- keys mm2py does not act on: said once per load ---
 
 
-def test_tasks_max_is_warned_once_naming_every_place(
+def test_tasks_max_is_honoured_and_not_warned(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    text = BASE + "tasks.max = 7777\nA->B.tasks.max = 8888\nB->A.tasks.max = 9999\n"
+    text = BASE + "tasks.max = 7\nA->B.tasks.max = 3\n"
     with caplog.at_level(logging.INFO):
-        path, config = load(tmp_path, text)
-    assert lines(caplog) == [
-        f"{path}: tasks.max, A->B.tasks.max, B->A.tasks.max: not honoured yet: each flow runs"
-        " as one task in one process (running a flow as several tasks comes with mm2py"
-        " clusters)"
-    ]
-    assert config.flow("A", "B").settings.tasks_max == 8888  # parsed, kept for the clusters
-    assert not any(value in caplog.text for value in ("7777", "8888", "9999"))
-
-
-def test_tasks_max_1_is_what_mm2py_does_and_is_not_warned(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    with caplog.at_level(logging.INFO):
-        path, _ = load(tmp_path, BASE + "tasks.max = 1\nA->B.tasks.max = 3\n")
-    # Only the place asking for more than one task is named.
-    assert [line.split(": ")[:2] for line in lines(caplog)] == [[str(path), "A->B.tasks.max"]]
-    caplog.clear()
-    with caplog.at_level(logging.INFO):
-        load(tmp_path, BASE + "tasks.max = 1\n")
+        _, config = load(tmp_path, text)
     assert caplog.records == []
+    assert config.flow("A", "B").settings.tasks_max == 3
+    assert config.flow("B", "A").settings.tasks_max == 7
 
 
 def test_offset_lag_max_is_warned_once_as_not_needed(
@@ -79,12 +62,11 @@ def test_each_load_says_it_again(tmp_path: Path, caplog: pytest.LogCaptureFixtur
 
 
 def test_yaml_says_the_same(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    text = YAML + "tasks.max: 2\nA->B:\n  tasks.max: 3\n  offset.lag.max: 5\n"
+    text = YAML + "offset.lag.max: 2\nA->B:\n  tasks.max: 3\n  offset.lag.max: 5\n"
     with caplog.at_level(logging.WARNING):
         path, _ = load(tmp_path, text, "mm2.yaml")
     assert [line.split(": ")[:2] for line in lines(caplog)] == [
-        [str(path), "tasks.max, A->B.tasks.max"],
-        [str(path), "A->B.offset.lag.max"],
+        [str(path), "offset.lag.max, A->B.offset.lag.max"],
     ]
 
 

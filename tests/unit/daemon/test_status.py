@@ -98,3 +98,13 @@ def test_status_table_lists_parts_states_lag_and_latency() -> None:
     assert "A->B  FAILED  lag 3 records" in text
     assert any(ln.split() == ["checkpoint", "FAILED", "2", "Boom"] for ln in lines)
     assert any(ln.split() == ["A.t", "2", "10", "3", "12", "ms", "2.5", "s"] for ln in lines)
+
+
+def test_standby_parts_are_healthy_and_a_joining_member_is_not() -> None:
+    standby = PartStatus(part="checkpoint", state="STANDBY", restarts=0)
+    joining = PartStatus(part="member", state="JOINING", restarts=0)
+    running = PartStatus(part="member", state="RUNNING", restarts=0)
+    assert flow_state([standby, running]) == "RUNNING"
+    assert health([_flow("A->B", standby, running)]).ready
+    assert flow_state([standby, joining]) == "JOINING"
+    assert health([_flow("A->B", standby, joining)]).problems == ["flow A->B: member part JOINING"]

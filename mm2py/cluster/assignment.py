@@ -1,0 +1,86 @@
+"""How a flow's work is split into tasks and spread over the nodes of an mm2py cluster.
+
+Nodes: every `mm2py run` with the same config is a member of one consumer group per
+flow on the flow's target cluster (`group_id`), subscribed to a small internal topic
+(`tasks_topic`) that has one partition per task. Kafka's group protocol decides which
+member owns which partition, so it decides which node runs which task: membership,
+failure detection and balancing are the group coordinator's, nothing of mm2py's own.
+Under the KIP-848 `consumer` protocol and under `classic` with `cooperative-sticky`
+the moves are incremental: a node gives a task up (its copy loop stopped, flushed and
+its progress recorded) before the task is handed to another node, so a planned move
+loses and repeats nothing; a node that dies loses its tasks when its group session
+expires, and they resume elsewhere from the last recorded progress.
+
+Tasks: a source partition belongs to task `task_of(topic, partition, tasks)`, a pure
+function of the partition and the task count. The partitions of one topic go round
+the tasks from a starting task that depends on the topic's name only, so a topic's
+partitions spread evenly, and a new topic or new partition never moves a partition
+that is already copied: nothing already running changes task. (MM2 instead deals the
+flow's whole sorted partition list round-robin anew on every change, and restarts every
+task each time.) Task 0 also does the flow's once-per-flow work: creating remote
+topics, and on its node the checkpoint, heartbeat and config/ACL sync parts.
+
+The tasks topic's name carries the task count, so changing ``tasks.max`` starts a new
+set of tasks rather than reusing partitions meant for another split.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Literal
+
+GroupProtocol = Literal["consumer", "classic"]
+
+# Broker setting that lists the group protocols a Kafka 4.x broker serves.
+REBALANCE_PROTOCOLS_CONFIG = "group.coordinator.rebalance.protocols"
+
+
+def task_of(topic: str, partition: int, tasks: int) -> int:
+    """The task (0..tasks-1) that copies `topic`'s `partition`.
+
+    crc32 of the name, not Python's hash(): every node must compute the same task.
+    """
+    return (zlib.crc32(topic.encode()) + partition) % tasks
+
+
+def group_id(source: str, target: str) -> str:
+    """The consumer group on the target cluster whose members are the flow's nodes."""
+    return f"mm2py-{source}->{target}"
+
+
+def tasks_topic(source: str, tasks: int) -> str:
+    """The internal topic on the target whose partitions stand for the flow's tasks."""
+    return f"mm2py-tasks.{source}.{tasks}.internal"
+
+
+def choose_protocol(wanted: str, broker_protocols: str | None) -> GroupProtocol:
+    """The group protocol for ``cluster.group.protocol = wanted`` (auto, consumer or
+    classic), given the brokers' `group.coordinator.rebalance.protocols` (None when it
+    could not be read: an older broker, or no right to describe its configs)."""
+    if wanted == "consumer":
+        return "consumer"
+    if wanted == "classic":
+        return "classic"
+    offered = {p.strip() for p in (broker_protocols or "").split(",")}
+    return "consumer" if "consumer" in offered else "classic"
+
+
+@dataclass(frozen=True)
+class TaskSlot:
+    """One task of a flow split into `count` tasks."""
+
+    id: int
+    count: int
+
+    def owns(self, topic: str, partition: int) -> bool:
+        return task_of(topic, partition, self.count) == self.id
+
+    @property
+    def creates_topics(self) -> bool:
+        """Task 0 creates and grows the flow's remote topics; the others wait for them."""
+        return self.id == 0
+
+
+# A flow run as one task.
+WHOLE_FLOW = TaskSlot(0, 1)

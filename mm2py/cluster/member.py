@@ -1,0 +1,244 @@
+"""A node's membership in its flow's cluster: the group that hands out the flow's tasks.
+
+How tasks are split and spread, and why moves lose nothing: mm2py.cluster.assignment.
+This part joins the flow's group on the target cluster and turns the group's
+decisions into calls on the daemon: `on_assigned(task ids)` when tasks come to this
+node, `on_revoked(task ids)` when they leave. `on_revoked` returns only once the
+tasks have stopped and recorded their progress, and the group hands a task to its
+next owner only after that, so a planned move neither loses nor repeats a record.
+When the part stops (SIGTERM, a restart of the flow, a failure) it gives up every
+task first and leaves the group after, for the same reason.
+
+The member's client.id carries what `mm2py status` shows of a node (see `NodeId`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import ConfigResource
+from confluent_kafka.admin._resource import ResourceType
+
+from mm2py.cluster.assignment import (
+    REBALANCE_PROTOCOLS_CONFIG,
+    GroupProtocol,
+    choose_protocol,
+    group_id,
+    tasks_topic,
+)
+from mm2py.config import ClusterConfig, FlowConfig
+from mm2py.daemon.metrics import Metrics
+from mm2py.daemon.part import Part
+from mm2py.kafka import clients
+from mm2py.kafka.topics import await_partitions, ensure_internal_topic
+
+log = logging.getLogger(__name__)
+
+POLL_TIMEOUT = 0.2
+# Classic protocol only (under `consumer` the broker's group.consumer.* settings rule):
+# a node that stops answering loses its tasks after this, and they move.
+CLASSIC_SESSION_TIMEOUT_MS = 10000
+CLASSIC_HEARTBEAT_INTERVAL_MS = 2000
+# Keys the `consumer` protocol refuses on the client (the broker decides them).
+_CLASSIC_ONLY_KEYS = (
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "partition.assignment.strategy",
+)
+
+
+@dataclass(frozen=True)
+class NodeId:
+    """Who a member is, as its client.id says: host, pid, start time, REST address."""
+
+    host: str
+    pid: int
+    since_ms: int
+    rest: str
+
+    def client_id(self) -> str:
+        return f"mm2py/{self.host}/{self.pid}/{self.since_ms}/{self.rest}"
+
+    @staticmethod
+    def parse(client_id: str) -> NodeId | None:
+        """The NodeId of an mm2py member's client.id; None for anything else."""
+        parts = client_id.split("/", 4)
+        if len(parts) != 5 or parts[0] != "mm2py":
+            return None
+        try:
+            return NodeId(parts[1], int(parts[2]), int(parts[3]), parts[4])
+        except ValueError:
+            return None
+
+    @staticmethod
+    def here(rest: str) -> NodeId:
+        """This process, serving its REST API at `rest` (host:port)."""
+        return NodeId(socket.gethostname(), os.getpid(), int(time.time() * 1000), rest)
+
+
+class MemberPart(Part):
+    """Holds this node's place in the flow's group; runs on the daemon's thread for it."""
+
+    name = "member"
+    pauses_in_place = True
+
+    def __init__(
+        self,
+        flow: FlowConfig,
+        target: ClusterConfig,
+        metrics: Metrics,
+        tasks: int,
+        node: NodeId,
+        on_assigned: Callable[[set[int]], None],
+        on_revoked: Callable[[set[int]], None],
+        copies: bool = True,
+    ) -> None:
+        """`copies`: the flow replicates (its tasks copy from the source), rather than only
+        emitting heartbeats."""
+        super().__init__(flow, metrics)
+        self.copies = copies
+        self.target = target
+        self.tasks = tasks
+        self.node = node
+        self.group = flow.settings.cluster_group_id or group_id(flow.source, flow.target)
+        self.topic = tasks_topic(flow.source, tasks)
+        self.protocol: GroupProtocol | None = None
+        self.owned: set[int] = set()
+        self.rebalances = 0  # times tasks came or went
+        # The group has answered (with tasks, or none when there are more nodes than tasks).
+        self.joined = False
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
+
+    def clusters(self) -> tuple[str, ...]:
+        """The target (the group's); and the source, without which its tasks cannot copy:
+        while no task runs here, this part is where an outage of either shows."""
+        return (self.flow.source, self.flow.target) if self.copies else (self.flow.target,)
+
+    # Pausing or restarting a flow acts on its tasks and parts; the node keeps its place
+    # in the group (leaving it would move every task).
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self, timeout: float = 9.0) -> None:
+        self.paused = False
+
+    def restart(self, timeout: float = 9.0) -> None:
+        if not self.running:
+            self.start()
+
+    def run(self) -> None:
+        settings = self.flow.settings
+        admin = clients.admin_client(self.target.librdkafka("admin"))
+        ensure_internal_topic(
+            admin,
+            self.flow.target,
+            self.topic,
+            self.tasks,
+            settings.offset_storage_replication_factor,  # as the progress topic beside it
+            timeout=settings.admin_timeout,
+        )
+        await_partitions(admin, self.flow.target, self.topic, self.tasks, settings.admin_timeout)
+        self.protocol = choose_protocol(
+            settings.cluster_group_protocol, broker_protocols(admin, settings.admin_timeout)
+        )
+        consumer = clients.consumer(self._consumer_props(), self._group_settings(self.protocol))
+        log.info(
+            "flow %s: joining the flow's cluster (group %s on cluster %s, %s protocol, %d tasks)",
+            self.flow.name,
+            self.group,
+            self.flow.target,
+            self.protocol,
+            self.tasks,
+        )
+        consumer.subscribe(
+            [self.topic], on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost
+        )
+        try:
+            while not self.stopping.is_set():
+                consumer.poll(POLL_TIMEOUT)  # no records: the poll serves the group's callbacks
+        finally:
+            self.joined = False
+            self._give_up(self.owned)  # tasks stopped and flushed before the group hears of it
+            consumer.close()
+
+    def _consumer_props(self) -> dict[str, str]:
+        props = dict(self.target.librdkafka("consumer"))
+        for key in ("group.id", "group.instance.id", "group.protocol", *_CLASSIC_ONLY_KEYS):
+            props.pop(key, None)
+        return props
+
+    def _group_settings(self, protocol: GroupProtocol) -> dict[str, Any]:
+        settings: dict[str, Any] = {
+            "group.id": self.group,
+            "client.id": self.node.client_id(),
+            "group.protocol": protocol,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "latest",
+            "error_cb": lambda err: self.note_client_error(self.flow.target, err),
+        }
+        if protocol == "classic":
+            settings["partition.assignment.strategy"] = "cooperative-sticky"
+            settings["session.timeout.ms"] = CLASSIC_SESSION_TIMEOUT_MS
+            settings["heartbeat.interval.ms"] = CLASSIC_HEARTBEAT_INTERVAL_MS
+        return settings
+
+    def _assigned(self, _consumer: Any, partitions: Sequence[TopicPartition]) -> None:
+        self.joined = True
+        ids = {tp.partition for tp in partitions} - self.owned
+        if ids:
+            log.info("flow %s: tasks %s assigned to this node", self.flow.name, _ids(ids))
+            self.owned |= ids
+            self.rebalances += 1
+            self._on_assigned(ids)
+
+    def _revoked(self, _consumer: Any, partitions: Sequence[TopicPartition]) -> None:
+        ids = {tp.partition for tp in partitions} & self.owned
+        if ids:
+            log.info("flow %s: tasks %s move to other nodes", self.flow.name, _ids(ids))
+            self._give_up(ids)
+
+    def _lost(self, _consumer: Any, partitions: Sequence[TopicPartition]) -> None:
+        ids = {tp.partition for tp in partitions} & self.owned
+        if ids:
+            log.warning(
+                "flow %s: tasks %s lost (this node missed its group session; "
+                "they may already run elsewhere): stopping them",
+                self.flow.name,
+                _ids(ids),
+            )
+            self._give_up(ids)
+
+    def _give_up(self, ids: set[int]) -> None:
+        if ids:
+            self._on_revoked(set(ids))
+            self.owned -= ids
+            self.rebalances += 1
+
+
+def broker_protocols(admin: AdminClient, timeout: float) -> str | None:
+    """The group protocols the target's brokers serve, or None if it cannot be told."""
+    try:
+        cluster = clients.admin_result(admin.describe_cluster(request_timeout=timeout), timeout)
+        broker = ConfigResource(ResourceType.BROKER, str(cluster.nodes[0].id))
+        configs = clients.admin_result(
+            admin.describe_configs([broker], request_timeout=timeout)[broker], timeout
+        )
+    except (KafkaException, IndexError) as exc:
+        log.info("cannot read the brokers' group protocols (%s); using classic", exc)
+        return None
+    entry = configs.get(REBALANCE_PROTOCOLS_CONFIG)
+    return None if entry is None else str(entry.value)
+
+
+def _ids(ids: set[int]) -> str:
+    return ", ".join(str(i) for i in sorted(ids))

@@ -1,0 +1,347 @@
+"""A task of a flow: its copy loop in an OS process of its own, driven by the node.
+
+The node (`mm2py run`) holds a `TaskPart` per task it owns; the part's thread starts
+the task's process (multiprocessing's `spawn`: a fresh interpreter, no threads or
+librdkafka state inherited) and talks to it over a pipe:
+
+- node -> task: ("pause", bool), ("restart", None), ("stop", None). A restart stops
+  and starts the copy loop in the same process (its clients made anew, its progress
+  recorded first), not a new process. A stop lets the copy loop finish:
+  the producer is flushed and progress recorded for every acknowledged record before
+  the process exits, so the next owner starts exactly after the last copied record.
+- task -> node, every REPORT_INTERVAL and once at the end: a `TaskReport` with the
+  loop's statistics, its failed partitions, whether it is paused, the clusters its
+  clients could not reach, and the error that ended it.
+
+The task dies with its node (PR_SET_PDEATHSIG): a node killed with -9 leaves no copy
+loop behind that would go on writing after its tasks have moved. It ignores SIGINT and
+SIGTERM: the node stops it over the pipe, after flushing, whatever signal the node got.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+
+from mm2py import logs
+from mm2py.cluster.assignment import TaskSlot
+from mm2py.config import ClusterConfig, FlowConfig
+from mm2py.daemon.metrics import Metrics
+from mm2py.daemon.part import Part
+from mm2py.daemon.reachability import Reachability
+from mm2py.replication.stats import Extremes, PartitionStats, ReplicationStats, summed
+
+log = logging.getLogger(__name__)
+
+REPORT_INTERVAL = 0.5
+START_TIMEOUT = 60.0  # spawning an interpreter and importing mm2py, on a busy machine
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class TaskReport:
+    """What a task process tells its node."""
+
+    stats: dict[tuple[str, int], PartitionStats]
+    failed_partitions: dict[str, str]
+    paused: bool
+    unreachable: set[str] = field(default_factory=set)
+    errors: int = 0  # failures counted since the last report
+    restarts: int = 0  # restarts done on request in this process
+    error: str | None = None  # why the task ended, if it failed
+    trace: str | None = None
+
+
+class TaskPart(Part):
+    """The node's handle on one task process (shows as the flow's "source" part, task N)."""
+
+    name = "source"
+    pauses_in_place = True
+
+    def __init__(
+        self,
+        flow: FlowConfig,
+        source: ClusterConfig,
+        target: ClusterConfig,
+        metrics: Metrics,
+        slot: TaskSlot,
+        stats: NodeStats,
+    ) -> None:
+        super().__init__(flow, metrics)
+        self.source = source
+        self.target = target
+        self.slot = slot
+        self.node_stats = stats
+        self.report: TaskReport | None = None
+        self.pid: int | None = None
+        self._conn: Connection | None = None
+        self._conn_lock = threading.Lock()
+
+    def clusters(self) -> tuple[str, ...]:
+        return (self.flow.source, self.flow.target)
+
+    def failed_partitions(self) -> dict[str, str]:
+        report = self.report
+        return dict(report.failed_partitions) if report is not None else {}
+
+    def partitions(self) -> list[tuple[str, int]]:
+        """The remote topic partitions this task copies (as far as last reported)."""
+        report = self.report
+        return sorted(report.stats) if report is not None else []
+
+    def pause(self, timeout: float = 5.0) -> None:
+        """Pause in place; returns once the task's loop has paused (or `timeout`)."""
+        self.paused = True
+        self._send("pause", True)
+        deadline = time.monotonic() + timeout
+        while self.running and time.monotonic() < deadline:
+            report = self.report
+            if report is not None and report.paused:
+                return
+            time.sleep(0.02)
+
+    def resume(self, timeout: float = 9.0) -> None:
+        self.paused = False
+        self._send("pause", False)
+
+    def restart(self, timeout: float = 9.0) -> None:
+        """Restart the task's copy loop in its process (a new process if it has none)."""
+        report = self.report
+        if not self.running or report is None:
+            self.stop(timeout)
+            self.start()
+            return
+        done = report.restarts + 1
+        self._send("restart", None)
+        deadline = time.monotonic() + timeout
+        while self.running and time.monotonic() < deadline:
+            report = self.report
+            if report is not None and report.restarts >= done:
+                return
+            time.sleep(0.02)
+
+    def _send(self, command: str, arg: object) -> None:
+        with self._conn_lock:
+            if self._conn is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    self._conn.send((command, arg))
+
+    def run(self) -> None:
+        """Run the task's process until it ends or the part is stopped."""
+        context = multiprocessing.get_context("spawn")
+        parent_end, child_end = context.Pipe()
+        level, fmt = logs.chosen()
+        process = context.Process(
+            target=task_main,
+            args=(child_end, self.flow, self.source, self.target, self.slot, level, fmt),
+            name=f"mm2py-task-{self.flow.name}-{self.slot.id}",
+            daemon=False,
+        )
+        process.start()
+        child_end.close()
+        self.pid = process.pid
+        with self._conn_lock:
+            self._conn = parent_end
+        if self.paused:
+            self._send("pause", True)
+        stop_sent = False
+        ended = False
+        try:
+            while not ended:
+                if self.stopping.is_set() and not stop_sent:
+                    self._send("stop", None)
+                    stop_sent = True
+                if parent_end.poll(0.1):
+                    try:
+                        self._take(parent_end.recv())
+                    except EOFError:
+                        ended = True
+                elif not process.is_alive():
+                    ended = True
+        finally:
+            with self._conn_lock:
+                self._conn = None
+            parent_end.close()
+            process.join(2)
+            if process.is_alive():
+                process.kill()
+                process.join(2)
+            self.node_stats.retire(self.slot.id)
+        report = self.report
+        if report is not None and report.error is not None:
+            raise TaskFailed(report.error, report.trace)
+        if not self.stopping.is_set():
+            raise TaskFailed(f"task {self.slot.id} process ended (exit code {process.exitcode})")
+
+    def _take(self, report: TaskReport) -> None:
+        self.report = report
+        self.node_stats.update(self.slot.id, report.stats)
+        if report.errors:
+            self.errors.inc(report.errors)
+        for alias in report.unreachable:
+            if self.reachability is not None:
+                self.reachability.failed(alias)
+
+
+class TaskFailed(Exception):
+    """A task process ended with an error (its own trace is kept for the status)."""
+
+    def __init__(self, message: str, trace: str | None = None) -> None:
+        super().__init__(message)
+        self.trace = trace
+
+
+class NodeStats(ReplicationStats):
+    """A flow's statistics on this node: what its task processes report, plus what
+    tasks that ran here earlier counted, so that counters never go back when a task
+    moves away or restarts (a moved partition keeps its counts, with no lag).
+
+    MM2's windowed views (``metrics.mm2.names.enabled``) are the current task's, as
+    MM2's own restart with their task; only its totals include the earlier counts.
+    """
+
+    def __init__(
+        self, source: str, target: str, partition_labels: bool = False, mm2_names: bool = False
+    ) -> None:
+        super().__init__(source, target, partition_labels, mm2_names)
+        self._lock = threading.Lock()
+        self._earlier: dict[tuple[str, int], PartitionStats] = {}
+        self._current: dict[int, dict[tuple[str, int], PartitionStats]] = {}
+
+    def update(self, task: int, stats: dict[tuple[str, int], PartitionStats]) -> None:
+        with self._lock:
+            self._current[task] = stats
+            self._rebuild()
+
+    def retire(self, task: int) -> None:
+        """The task's process ended: keep its counts, drop its lag."""
+        with self._lock:
+            for key, stats in self._current.pop(task, {}).items():
+                kept = summed([self._earlier.get(key, PartitionStats()), stats])
+                kept.lag = 0
+                self._earlier[key] = kept
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        merged = dict(self._earlier)
+        for stats in self._current.values():
+            for key, now in stats.items():
+                earlier = self._earlier.get(key)
+                merged[key] = now if earlier is None else _continued(earlier, now)
+        self.partitions = merged
+
+
+def _continued(earlier: PartitionStats, now: PartitionStats) -> PartitionStats:
+    """`now` (a task's own counts) continuing from `earlier` (tasks before it here)."""
+    out = copy.deepcopy(now)
+    out.records += earlier.records
+    out.bytes += earlier.bytes
+    out.skipped += earlier.skipped
+    for mine, before in ((out.record_age, earlier.record_age), (out.latency, earlier.latency)):
+        mine.add(before)
+        if isinstance(mine, Extremes):  # its window began at the task's own count
+            mine.count_mark += sum(before.counts)
+            mine.total_mark += before.total
+    if out.meters is not None:
+        out.meters.records += earlier.records
+        out.meters.bytes += earlier.bytes
+        if out.meters.prior is not None:
+            start, records, size = out.meters.prior
+            out.meters.prior = (start, records + earlier.records, size + earlier.bytes)
+    return out
+
+
+class _NotedFailures(Reachability):
+    """In a task process: which clusters its clients could not reach (for the node)."""
+
+    def __init__(self) -> None:
+        super().__init__({}, {})
+        self.noted: set[str] = set()
+
+    def failed(self, alias: str, at: float | None = None) -> None:
+        self.noted.add(alias)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent (the node) dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def task_main(
+    conn: Connection,
+    flow: FlowConfig,
+    source: ClusterConfig,
+    target: ClusterConfig,
+    slot: TaskSlot,
+    log_level: str,
+    log_format: logs.LogFormat,
+) -> None:
+    """The task process: copy the slot's partitions until the node says stop."""
+    parent = os.getppid()
+    _die_with_parent()
+    if os.getppid() != parent:  # the node died before the request took hold
+        os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logs.configure(log_level, log_format)
+    logs.set_context(flow=flow.name, part=f"source task {slot.id}")
+    from mm2py.daemon.parts.source import SourcePart  # the copy loop loads in the task only
+
+    metrics = Metrics()
+    part = SourcePart(flow, source, target, metrics, slot)
+    noted = _NotedFailures()
+    part.reachability = noted
+    labels = {"source": flow.source, "target": flow.target, "part": part.name}
+    counted = 0.0
+    restarts = 0
+    part.start()
+
+    def report(final: bool = False) -> None:
+        nonlocal counted
+        now_counted = metrics.registry.get_sample_value("mm2py_errors_total", labels) or 0.0
+        failure = part.error if final else None
+        conn.send(
+            TaskReport(
+                stats=dict(part.stats.partitions),
+                failed_partitions=part.failed_partitions(),
+                paused=part.paused,
+                unreachable=set(noted.noted),
+                errors=int(now_counted - counted),
+                restarts=restarts,
+                error=str(failure) if failure is not None else None,
+                trace=part.error_trace if final else None,
+            )
+        )
+        counted = now_counted
+        noted.noted.clear()
+
+    try:
+        while part.running:
+            if conn.poll(REPORT_INTERVAL):
+                try:
+                    command, arg = conn.recv()
+                except EOFError:  # the node is gone
+                    part.stop(9.0)
+                    return
+                if command == "pause":
+                    part.pause() if arg else part.resume()
+                elif command == "restart":
+                    part.restart(9.0)
+                    restarts += 1
+                elif command == "stop":
+                    part.stop(9.0)
+            report()
+        report(final=True)
+    except (BrokenPipeError, EOFError, OSError):
+        part.stop(9.0)

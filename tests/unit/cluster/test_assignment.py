@@ -1,0 +1,69 @@
+"""How a flow's partitions map to tasks, and which group protocol a cluster uses (pure)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from mm2py.cluster.assignment import TaskSlot, choose_protocol, task_of, tasks_topic
+from mm2py.cluster.member import NodeId
+
+
+def test_every_partition_has_exactly_one_task_in_range() -> None:
+    for tasks in (1, 2, 3, 6):
+        owners = [
+            [slot for slot in range(tasks) if TaskSlot(slot, tasks).owns("orders", p)]
+            for p in range(20)
+        ]
+        assert all(len(o) == 1 for o in owners)
+        assert all(0 <= task_of("orders", p, tasks) < tasks for p in range(20))
+
+
+def test_a_topics_partitions_spread_evenly_over_the_tasks() -> None:
+    for partitions, tasks in ((8, 6), (12, 4), (5, 3)):
+        load = Counter(task_of("payments", p, tasks) for p in range(partitions))
+        assert max(load.values()) - min(load.get(t, 0) for t in range(tasks)) <= 1
+
+
+def test_new_topics_and_partitions_never_move_partitions_already_placed() -> None:
+    before = {(t, p): task_of(t, p, 4) for t in ("a", "b") for p in range(6)}
+    # A new topic, and topic a grown from 6 to 10 partitions: same answers for the old ones.
+    after = {(t, p): task_of(t, p, 4) for t in ("a", "b", "c") for p in range(10)}
+    assert all(after[key] == task for key, task in before.items())
+
+
+def test_the_mapping_is_the_same_in_every_process() -> None:
+    # crc32, not hash(): PYTHONHASHSEED differs between processes.
+    assert [task_of("orders", p, 3) for p in range(4)] == [2, 0, 1, 2]
+
+
+def test_task_0_alone_creates_remote_topics() -> None:
+    assert TaskSlot(0, 3).creates_topics
+    assert not TaskSlot(1, 3).creates_topics
+
+
+def test_the_tasks_topic_is_per_source_and_task_count() -> None:
+    assert tasks_topic("A", 6) == "mm2py-tasks.A.6.internal"
+    assert tasks_topic("A", 6) != tasks_topic("A", 4)
+
+
+@pytest.mark.parametrize(
+    ("wanted", "offered", "chosen"),
+    [
+        ("auto", "classic,consumer,streams", "consumer"),
+        ("auto", "classic", "classic"),
+        ("auto", None, "classic"),
+        ("classic", "classic,consumer", "classic"),
+        ("consumer", None, "consumer"),
+    ],
+)
+def test_the_group_protocol(wanted: str, offered: str | None, chosen: str) -> None:
+    assert choose_protocol(wanted, offered) == chosen
+
+
+def test_a_nodes_client_id_says_who_it_is() -> None:
+    node = NodeId("host-1.example", 4242, 1_700_000_000_000, "host-1.example:8083")
+    assert NodeId.parse(node.client_id()) == node
+    assert NodeId.parse("rdkafka") is None
+    assert NodeId.parse("mm2py/h/notapid/1/x:1") is None

@@ -1,0 +1,61 @@
+"""A flow's statistics on a node, fed by task processes that come, go and restart."""
+
+from __future__ import annotations
+
+import pytest
+
+from mm2py.cluster.task import NodeStats
+from mm2py.replication.stats import Extremes, PartitionStats, ReplicationStats
+
+
+def _stats(records: int, lag: int) -> PartitionStats:
+    stats = PartitionStats(records=records, bytes=records * 10, lag=lag)
+    stats.latency.observe(0.004)
+    return stats
+
+
+def test_reports_of_running_tasks_are_shown_as_they_come() -> None:
+    node = NodeStats("A", "B")
+    node.update(0, {("A.t", 0): _stats(5, 3)})
+    node.update(1, {("A.t", 1): _stats(7, 1)})
+    node.update(0, {("A.t", 0): _stats(9, 0)})
+    assert {k: (s.records, s.lag) for k, s in node.partitions.items()} == {
+        ("A.t", 0): (9, 0),
+        ("A.t", 1): (7, 1),
+    }
+    assert node.by_topic()["A.t"].records == 16
+
+
+def test_counts_never_go_back_when_a_task_restarts_or_moves_away() -> None:
+    node = NodeStats("A", "B")
+    node.update(0, {("A.t", 0): _stats(100, 4)})
+    node.retire(0)  # the process ended: its counts stay, its lag is no longer known here
+    retired = node.partitions[("A.t", 0)]
+    assert (retired.records, retired.lag, sum(retired.latency.counts)) == (100, 0, 1)
+    node.update(0, {("A.t", 0): _stats(20, 2)})  # a new process counts from 0 again
+    again = node.partitions[("A.t", 0)]
+    assert (again.records, again.bytes, again.lag) == (120, 1200, 2)
+    assert sum(again.latency.counts) == 2
+
+
+def test_mm2s_windows_stay_the_current_tasks_when_counts_continue() -> None:
+    node = NodeStats("A", "B", mm2_names=True)
+    first = ReplicationStats("A", "B", mm2_names=True)
+    stats = first.partition("A.t", 0)
+    stats.records, stats.bytes = 1000, 10000
+    stats.latency.observe(0.5)
+    node.update(0, {("A.t", 0): stats})
+    node.retire(0)
+    second = ReplicationStats("A", "B", mm2_names=True)  # the task again, counting from 0
+    again = second.partition("A.t", 0)
+    again.records, again.bytes = 30, 300
+    again.latency.observe(0.002)
+    node.update(0, {("A.t", 0): again})
+    shown = node.partitions[("A.t", 0)]
+    assert (shown.records, shown.bytes) == (1030, 10300)
+    assert sum(shown.latency.counts) == 2
+    assert isinstance(shown.latency, Extremes) and shown.meters is not None
+    now = shown.meters.start + 10
+    # Rates and the window's average count this task's records only, not the earlier 1000.
+    assert shown.meters.rates(shown.records, shown.bytes, now) == again.meters.rates(30, 300, now)  # type: ignore[union-attr]
+    assert shown.latency.measure(now).avg == pytest.approx(0.002)
