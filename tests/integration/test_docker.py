@@ -150,7 +150,16 @@ def engine() -> Iterator[Engine]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+        _unmount_under(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _unmount_under(folder: Path) -> None:
+    """Unmount what dockerd left mounted under `folder` (its default network namespace)."""
+    mounts = Path("/proc/mounts").read_text().splitlines()
+    points = [line.split()[1] for line in mounts if len(line.split()) > 1]
+    for point in sorted((p for p in points if p.startswith(f"{folder}/")), reverse=True):
+        subprocess.run(["umount", point], capture_output=True, timeout=30, check=False)
 
 
 def default_data_root() -> str:
