@@ -5,16 +5,17 @@ the two halves done alone, each by the fastest tool with the best client setting
 found:
 
 - into B, with what mm2py's producer must use (``acks=all``,
-  ``enable.idempotence=true``, no compression): Kafka's ProducerPerformance with
-  each of PRODUCER_SETTINGS (``batch.size`` and ``linger.ms``) in one JVM, then the
-  best of them in PARALLEL_PRODUCERS JVMs at once (each an equal share of the
-  records; their rate is all records over the longest one's sending time); then
-  librdkafka alone (bench.rdkafka_perf: the client mm2py uses, big batches, no
-  delivery callbacks) in one and in PARALLEL_PRODUCERS processes; then the fastest
-  of these again, RUNS times in all. The fastest run is the producing half. The
-  JVM tool needs more CPU a record than librdkafka (``tried`` in the output has
-  each run's CPU-seconds per million records), so on this 2-core machine, where
-  producing is CPU-bound, it alone would bound only replicators slower than itself;
+  ``enable.idempotence=true``, no compression) and the partitions in turn:
+  Kafka's ProducerPerformance with each of PRODUCER_SETTINGS (``batch.size`` and
+  ``linger.ms``) in one JVM, then the best of them in PARALLEL_PRODUCERS JVMs at
+  once (each an equal share of the records; their rate is all records over the
+  longest one's sending time); then librdkafka alone (bench.rdkafka_perf: the client
+  mm2py uses, big batches, no delivery callbacks) in one and in PARALLEL_PRODUCERS
+  processes; then the fastest of these again, RUNS times in all. The fastest run is
+  the producing half. The JVM tool needs more CPU a record than librdkafka (``tried``
+  in the output has each run's CPU-seconds per million records), so on this 2-core
+  machine, where producing is CPU-bound, it alone would bound only replicators
+  slower than itself;
 - from A, read_committed as mm2py reads: ConsumerPerformance with each of
   CONSUMER_SETTINGS (its fetch rate, group join excluded), and librdkafka alone
   (bench.rdkafka_perf: first record to last) RUNS - 1 times; the fastest run is the
@@ -66,9 +67,13 @@ PRODUCER_REQUIRED: Final[Mapping[str, str]] = {
     "buffer.memory": str(128 << 20),
 }
 # Batching tried for producing into B (big batches, some linger).
+# Records without keys go to the partitions in turn, as a replicator writes them all at
+# once (the default sticky partitioner fills one at a time: 1 KiB records then went into
+# B at half the rate mm2py copied them).
+ROUND_ROBIN: Final = "org.apache.kafka.clients.producer.RoundRobinPartitioner"
 PRODUCER_SETTINGS: Final[tuple[Mapping[str, str], ...]] = (
-    {"batch.size": str(1 << 20), "linger.ms": "20"},
-    {"batch.size": str(256 << 10), "linger.ms": "10"},
+    {"batch.size": str(1 << 20), "linger.ms": "20", "partitioner.class": ROUND_ROBIN},
+    {"batch.size": str(256 << 10), "linger.ms": "10", "partitioner.class": ROUND_ROBIN},
 )
 PRODUCER_PERFORMANCE_TOOL: Final = "ProducerPerformance"
 # librdkafka (bench.rdkafka_perf) with what mm2py's producer must use and big batches.

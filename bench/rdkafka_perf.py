@@ -3,8 +3,8 @@
     python -m bench.rdkafka_perf produce <bootstrap> <topic> <records> <record_bytes> [k=v ...]
     python -m bench.rdkafka_perf consume <bootstrap> <topic> <records> [k=v ...]
 
-`produce` sends `records` records of `record_bytes` random bytes (no key,
-librdkafka's partitioner) with the given producer settings and no delivery
+`produce` sends `records` records of `record_bytes` random bytes (no key, the
+partitions in turn) with the given producer settings and no delivery
 callbacks, waits for every acknowledgement and prints one JSON line: records,
 seconds (first produce to last acknowledgement; interpreter start-up excluded), left
 (records still not acknowledged after 5 minutes). A record the target rejected is
@@ -40,13 +40,22 @@ def produce(
     bootstrap: str, topic: str, records: int, record_bytes: int, settings: list[str]
 ) -> int:
     producer = Producer(_props(bootstrap, settings))
+    partitions = 0
+    deadline = time.monotonic() + 30
+    while not partitions and time.monotonic() < deadline:  # a topic created a moment ago
+        partitions = len(producer.list_topics(topic, timeout=30).topics[topic].partitions)
+        time.sleep(0 if partitions else 0.1)
+    if not partitions:
+        raise SystemExit(f"{topic} has no partitions on {bootstrap} after 30 s")
     payload = os.urandom(record_bytes)
     send, poll = producer.produce, producer.poll
     start = time.monotonic()
-    for _ in range(records):
+    for i in range(records):
         while True:
             try:
-                send(topic, payload)
+                # Round robin, as a replicator writes every partition at once: with no
+                # key, librdkafka's sticky partitioner fills one partition at a time.
+                send(topic, payload, None, i % partitions)
                 break
             except BufferError:
                 poll(0.005)
