@@ -39,7 +39,7 @@ def mm2_properties(source: LocalCluster, target: LocalCluster, topics: str, **ex
     # Each file is a cluster of its own: other tests' daemons (a module's shared one, say)
     # may run the same flow beside it and must not take its tasks. Nodes started on the
     # same file share this group.
-    props.setdefault("cluster.group.id", f"mm2py-test-{uuid.uuid4().hex[:12]}")
+    props.setdefault("cluster.group.prefix", f"mm2py-test-{uuid.uuid4().hex[:12]}")
     return mirrormaker.render_properties(props)
 
 
@@ -83,22 +83,16 @@ class RunningDaemon:
         return parsed
 
     def task_pids(self) -> set[int]:
-        """The pids of the daemon's task processes (multiprocessing's spawned children)."""
-        pids: set[int] = set()
-        for thread in _listdir(f"/proc/{self.proc.pid}/task"):
-            try:
-                with open(f"/proc/{self.proc.pid}/task/{thread}/children") as f:
-                    children = [int(c) for c in f.read().split()]
-            except OSError:
-                continue
-            for child in children:
-                try:
-                    with open(f"/proc/{child}/cmdline", "rb") as f:
-                        if b"spawn_main" in f.read():
-                            pids.add(child)
-                except OSError:
-                    continue
-        return pids
+        """The pids of the daemon's task processes, as its status names them (a spare
+        process waiting for a task is not one)."""
+        with urllib.request.urlopen(f"http://{self.listen}/flows", timeout=5) as resp:
+            flows = json.loads(resp.read())
+        return {
+            part["pid"]
+            for flow in flows
+            for part in self.status_json(flow)["parts"]
+            if part.get("task") is not None and part.get("pid")
+        }
 
     def report(self) -> str:
         """Each flow's status from the REST API, then the log's tail (for failed tests)."""
@@ -120,13 +114,6 @@ class RunningDaemon:
         self.proc.send_signal(sig)
         code = self.proc.wait(timeout)
         return code, time.monotonic() - started
-
-
-def _listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except OSError:  # the process is gone
-        return []
 
 
 @contextmanager

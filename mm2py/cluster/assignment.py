@@ -44,9 +44,10 @@ def task_of(topic: str, partition: int, tasks: int) -> int:
     return (zlib.crc32(topic.encode()) + partition) % tasks
 
 
-def group_id(source: str, target: str) -> str:
-    """The consumer group on the target cluster whose members are the flow's nodes."""
-    return f"mm2py-{source}->{target}"
+def group_id(prefix: str, source: str, target: str) -> str:
+    """The consumer group on the target cluster whose members are the flow's nodes
+    (``cluster.group.prefix``, default mm2py)."""
+    return f"{prefix}-{source}->{target}"
 
 
 def tasks_topic(source: str, tasks: int) -> str:

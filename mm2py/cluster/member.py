@@ -43,6 +43,7 @@ from mm2py.kafka.topics import await_partitions, ensure_internal_topic
 log = logging.getLogger(__name__)
 
 POLL_TIMEOUT = 0.2
+JOIN_CHECK_INTERVAL = 2.0
 # Classic protocol only (under `consumer` the broker's group.consumer.* settings rule):
 # a node that stops answering loses its tasks after this, and they move.
 CLASSIC_SESSION_TIMEOUT_MS = 10000
@@ -108,7 +109,7 @@ class MemberPart(Part):
         self.target = target
         self.tasks = tasks
         self.node = node
-        self.group = flow.settings.cluster_group_id or group_id(flow.source, flow.target)
+        self.group = group_id(flow.settings.cluster_group_prefix, flow.source, flow.target)
         self.topic = tasks_topic(flow.source, tasks)
         self.protocol: GroupProtocol | None = None
         self.owned: set[int] = set()
@@ -163,13 +164,31 @@ class MemberPart(Part):
         consumer.subscribe(
             [self.topic], on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost
         )
+        next_check = 0.0
         try:
             while not self.stopping.is_set():
                 consumer.poll(POLL_TIMEOUT)  # no records: the poll serves the group's callbacks
+                # A member given no task hears no callback under the `consumer` protocol:
+                # it has joined once the group lists it.
+                if not self.joined and time.monotonic() >= next_check:
+                    next_check = time.monotonic() + JOIN_CHECK_INTERVAL
+                    self.joined = self._listed(admin, consumer.memberid())
         finally:
             self.joined = False
             self._give_up(self.owned)  # tasks stopped and flushed before the group hears of it
             consumer.close()
+
+    def _listed(self, admin: AdminClient, member_id: str | None) -> bool:
+        """Whether the group counts `member_id` among its members now."""
+        if not member_id:
+            return False
+        timeout = min(self.flow.settings.admin_timeout, JOIN_CHECK_INTERVAL * 2)
+        try:
+            future = admin.describe_consumer_groups([self.group], request_timeout=timeout)
+            described = clients.admin_result(future[self.group], timeout)
+        except KafkaException:
+            return False
+        return any(m.member_id == member_id for m in described.members)
 
     def _consumer_props(self) -> dict[str, str]:
         props = dict(self.target.librdkafka("consumer"))

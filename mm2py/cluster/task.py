@@ -31,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 
 from mm2py import logs
 from mm2py.cluster.assignment import TaskSlot
@@ -137,17 +138,9 @@ class TaskPart(Part):
 
     def run(self) -> None:
         """Run the task's process until it ends or the part is stopped."""
-        context = multiprocessing.get_context("spawn")
-        parent_end, child_end = context.Pipe()
+        process, parent_end = SPARES.take()
         level, fmt = logs.chosen()
-        process = context.Process(
-            target=task_main,
-            args=(child_end, self.flow, self.source, self.target, self.slot, level, fmt),
-            name=f"mm2py-task-{self.flow.name}-{self.slot.id}",
-            daemon=False,
-        )
-        process.start()
-        child_end.close()
+        parent_end.send((self.flow, self.source, self.target, self.slot, level, fmt))
         self.pid = process.pid
         with self._conn_lock:
             self._conn = parent_end
@@ -190,6 +183,71 @@ class TaskPart(Part):
         for alias in report.unreachable:
             if self.reachability is not None:
                 self.reachability.failed(alias)
+
+
+class SpareProcess:
+    """One task process started ahead of need, its interpreter up and mm2py imported,
+    waiting for the task it will run: a task that moves here after its node died starts
+    copying without waiting for an interpreter to start (a second or more on a busy
+    machine). Taking it starts the next one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready: tuple[BaseProcess, Connection] | None = None
+        self._closed = False
+
+    def prime(self) -> None:
+        """Start the first spare (a node with no task yet may be given some any time)."""
+        threading.Thread(target=self._refill, name="spare-task-process", daemon=True).start()
+
+    def take(self) -> tuple[BaseProcess, Connection]:
+        with self._lock:
+            ready, self._ready = self._ready, None
+        if ready is None or not ready[0].is_alive():
+            ready = _start_process()
+        threading.Thread(target=self._refill, name="spare-task-process", daemon=True).start()
+        return ready
+
+    def _refill(self) -> None:
+        spare = _start_process()
+        with self._lock:
+            if self._ready is None and not self._closed:
+                self._ready = spare
+                return
+        spare[1].close()  # another refill got there first, or the node is stopping
+
+    def close(self) -> None:
+        """No more spares: the waiting one exits (its pipe closes)."""
+        with self._lock:
+            self._closed = True
+            ready, self._ready = self._ready, None
+        if ready is not None:
+            ready[1].close()
+            ready[0].join(2)
+
+
+SPARES = SpareProcess()
+
+
+def _start_process() -> tuple[BaseProcess, Connection]:
+    context = multiprocessing.get_context("spawn")
+    parent_end, child_end = context.Pipe()
+    process = context.Process(target=spare_main, args=(child_end,), name="mm2py-task")
+    process.start()
+    child_end.close()
+    return process, parent_end
+
+
+def spare_main(conn: Connection) -> None:
+    """A task process before its task: import what a task needs, then wait for it."""
+    _die_with_parent()
+    import mm2py.daemon.parts.source  # noqa: F401  (the import is the warm-up)
+
+    try:
+        flow, source, target, slot, level, fmt = conn.recv()
+    except (EOFError, OSError):  # the node stopped, or it had this spare already
+        return
+    task_main(conn, flow, source, target, slot, level, fmt)
 
 
 class TaskFailed(Exception):

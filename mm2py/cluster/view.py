@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from mm2py.cluster.member import NodeId
-from mm2py.daemon.status import FlowStatus, PartState, text_table
+from mm2py.daemon.status import FlowStatus, PartState, PartStatus, flow_state, text_table
 
 TaskState = PartState | Literal["UNASSIGNED", "UNKNOWN"]
 NodeHealth = Literal["READY", "NOT READY", "UNREACHABLE"]
@@ -100,6 +100,11 @@ def flow_cluster(
         rest = member.node.rest
         report = reports.get(rest)
         shown = {p.task: p for p in report.parts if p.task is not None} if report else {}
+        if report is not None and 0 not in shown and not report.replicating:
+            # A pair that only emits heartbeats: its task 0 is the once-per-flow parts.
+            work = [p for p in report.parts if p.part != "member"]
+            if work:
+                shown[0] = PartStatus(part="heartbeat", state=flow_state(work), restarts=0)
         for task in member.tasks:
             if task == 0:
                 owner_of_0 = rest

@@ -237,9 +237,11 @@ class FlowSettings(BaseModel):
     cluster_group_protocol: Annotated[
         Literal["auto", "consumer", "classic"], BeforeValidator(_strip)
     ] = Field("auto", alias="cluster.group.protocol")
-    # mm2py's own: that group's id (default mm2py-<source>-><target>); nodes with the same
+    # mm2py's own: that group's id is `<prefix>-<source>-><target>`; nodes with the same
     # config share it. Two deployments of one flow that must not share tasks set their own.
-    cluster_group_id: Text | None = Field(None, alias="cluster.group.id")
+    cluster_group_prefix: Annotated[str, BeforeValidator(_strip), AfterValidator(_non_empty)] = (
+        Field("mm2py", alias="cluster.group.prefix")
+    )
 
     # mm2py's own (no MM2 key): series of the replication metrics per partition rather
     # than per topic (README, Metrics).

@@ -41,7 +41,7 @@ import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from http import HTTPStatus
 from pathlib import Path as FilePath
@@ -256,6 +256,14 @@ def task_state(part: PartStatus) -> tuple[ConnectState, str | None]:
     return "UNASSIGNED", None
 
 
+def _cluster_task_state(state: str) -> ConnectState:
+    """A task's state in the cluster's view as Connect names it (another node's task
+    that no node runs now, or whose node does not answer: UNASSIGNED)."""
+    if state in ("RUNNING", "PAUSED", "FAILED"):
+        return state  # type: ignore[return-value]
+    return "RUNNING" if state == "UNREACHABLE" else "UNASSIGNED"
+
+
 def connector_state(
     kind: str, status: FlowStatus, tasks: Sequence[Task]
 ) -> tuple[ConnectState, str | None]:
@@ -443,13 +451,45 @@ class LocalWorker:
     # -- THE SEAM: which tasks a connector has, where, copying what, in which state ------
 
     def tasks(self, connector: Connector, status: FlowStatus) -> list[Task]:
-        """The connector's tasks, as this node runs them.
+        """The connector's tasks, wherever they run.
 
-        Today every flow runs on this node: one task (id 0) per connector, its state
-        that of the part doing the task's work, the source task copying every partition
-        the flow copies. This is the one method to replace with the cluster's task view
-        (tasks on several workers, task.assigned.partitions per task).
+        This node's tasks come from its own parts (with their traces); the source
+        connector's tasks on other nodes of the flow's mm2py cluster come from the
+        cluster's view (mm2py.cluster.view: the group's assignment and each node's own
+        report), each with that node as its worker. A checkpoint or heartbeat task runs
+        on the node that owns task 0; elsewhere its part stands by and is not listed.
         """
+        local = self._local_tasks(connector, status)
+        standby = any(p.state == "STANDBY" for p in status.parts)
+        if connector.kind != SOURCE and not standby:
+            return local
+        cluster_of = getattr(self.control, "flow_cluster", None)
+        cluster = cluster_of(connector.flow.name) if cluster_of is not None else None
+        if cluster is None or cluster.error is not None:
+            return local
+        if connector.kind != SOURCE:  # it runs on task 0's node, as that node is
+            owner = cluster.once_per_flow_node
+            health = {m.node: m.health for m in cluster.members}.get(owner or "")
+            state: ConnectState = "RUNNING" if health == "READY" else "UNASSIGNED"
+            return [replace(t, worker_id=owner or t.worker_id, state=state) for t in local]
+        mine = {t.id: t for t in local}
+        out = []
+        for task in cluster.tasks:
+            if task.task in mine and task.node in (None, self.worker_id):
+                out.append(mine[task.task])
+                continue
+            out.append(
+                Task(
+                    id=task.task,
+                    worker_id=task.node or self.worker_id,
+                    state=_cluster_task_state(task.state),
+                    partitions=self._source_partitions(connector.flow, task.partitions),
+                )
+            )
+        return out
+
+    def _local_tasks(self, connector: Connector, status: FlowStatus) -> list[Task]:
+        """The connector's tasks that run on this node, from its parts."""
         part_name = TASK_PART[connector.kind]
         parts = [p for p in status.parts if p.part == part_name]
         out = []

@@ -29,6 +29,7 @@ class PartStatus(BaseModel):
     )
     state: PartState
     task: int | None = Field(default=None, description="the task of the flow (source parts)")
+    pid: int | None = Field(default=None, description="the task's process on this node")
     partitions: list[str] = Field(
         default_factory=list,
         description="the remote topic partitions the task copies, as `topic-partition`",

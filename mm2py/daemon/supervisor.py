@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import multiprocessing
 import signal
 import socket
 import threading
@@ -36,7 +37,7 @@ from mm2py.cluster.assignment import TaskSlot
 from mm2py.cluster.member import MemberPart, NodeId
 from mm2py.cluster.metrics import NodeCollector
 from mm2py.cluster.survey import SurveyError, survey
-from mm2py.cluster.task import NodeStats, TaskPart
+from mm2py.cluster.task import SPARES, NodeStats, TaskPart
 from mm2py.cluster.view import FlowCluster
 from mm2py.config import FlowConfig, MirrorConfig
 from mm2py.daemon.metrics import Metrics
@@ -230,6 +231,8 @@ class Daemon:
             {a: self.config.cluster(a).librdkafka("admin") for a in self.reachability.aliases},
         )
         probe.start()
+        if self.stats:
+            SPARES.prime()
         for sup in self.parts:
             if not sup.once_per_flow:  # the others start with task 0
                 sup.part.start()
@@ -417,6 +420,16 @@ class Daemon:
     def health(self) -> Health:
         return health(self.flow_status(name) for name in self.flow_names())
 
+    def flow_cluster(self, name: str) -> FlowCluster | None:
+        """One flow's cluster (None: no member here, or its group cannot be described)."""
+        for member in self._member_parts():
+            if member.flow.name == name:
+                try:
+                    return survey(member, functools.partial(self.flow_status, name))
+                except SurveyError:
+                    return None
+        return None
+
     def cluster_status(self) -> list[FlowCluster]:
         """Every flow's cluster as its group and its nodes describe it (nodes asked in
         parallel; a flow whose group cannot be described says why)."""
@@ -444,7 +457,9 @@ class Daemon:
         if isinstance(part, TaskPart):
             status = self._part_state(sup, part.failed_partitions())
             partitions = [f"{topic}-{p}" for topic, p in part.partitions()]
-            return status.model_copy(update={"task": part.slot.id, "partitions": partitions})
+            return status.model_copy(
+                update={"task": part.slot.id, "pid": part.pid, "partitions": partitions}
+            )
         if self._standby(sup):
             return PartStatus(part=part.name, state="STANDBY", restarts=sup.failures)
         status = self._part_state(sup, {})
@@ -509,6 +524,12 @@ class Daemon:
         # leaves its group, so the other nodes take the tasks over from that progress.
         _stop_all([s.part for s in self.parts if isinstance(s.part, MemberPart)])
         _stop_all([s.part for s in self.parts])
+        SPARES.close()
+        # A task process that did not end in time would hold the exit (multiprocessing
+        # waits for its children): it has flushed what it could.
+        for child in multiprocessing.active_children():
+            log.warning("a task process (pid %s) did not stop in time; killing it", child.pid)
+            child.kill()
         log.info("mm2py stopped")
 
 

@@ -226,7 +226,12 @@ def _alive(node: RunningDaemon) -> bool:
 
 
 def _running_tasks(nodes: Sequence[RunningDaemon]) -> dict[int, tuple[RunningDaemon, Any]]:
-    """task id -> (node, its part status) of every task RUNNING on a live node now."""
+    """task id -> (node, its part status) of every task RUNNING on a live node now.
+
+    The partitions of `A.heartbeats` are left out of each task's: MM2's rules copy the
+    heartbeats topic whatever the filter, and it appears on A when the pair B->A starts
+    emitting, at a moment of its own.
+    """
     out: dict[int, tuple[RunningDaemon, Any]] = {}
     for node in nodes:
         if not _alive(node):
@@ -237,7 +242,8 @@ def _running_tasks(nodes: Sequence[RunningDaemon]) -> dict[int, tuple[RunningDae
             continue  # not serving yet, or stopping
         for part in parts:
             if part["part"] == "source" and part["state"] == "RUNNING":
-                out[part["task"]] = (node, part)
+                own = [p for p in part["partitions"] if not p.startswith("A.heartbeats-")]
+                out[part["task"]] = (node, {**part, "partitions": own})
     return out
 
 

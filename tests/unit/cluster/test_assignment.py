@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from mm2py.cluster.assignment import TaskSlot, choose_protocol, task_of, tasks_topic
+from mm2py.cluster.assignment import TaskSlot, choose_protocol, group_id, task_of, tasks_topic
 from mm2py.cluster.member import NodeId
 
 
@@ -67,3 +67,8 @@ def test_a_nodes_client_id_says_who_it_is() -> None:
     assert NodeId.parse(node.client_id()) == node
     assert NodeId.parse("rdkafka") is None
     assert NodeId.parse("mm2py/h/notapid/1/x:1") is None
+
+
+def test_the_group_is_named_by_prefix_and_flow() -> None:
+    assert group_id("mm2py", "A", "B") == "mm2py-A->B"
+    assert group_id("staging", "A", "B") != group_id("mm2py", "A", "B")

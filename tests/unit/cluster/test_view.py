@@ -65,3 +65,23 @@ def test_a_node_whose_once_per_flow_parts_stand_by_is_ready() -> None:
     assert "A->B cluster: 1 node(s), 2 task(s), group g (classic)" in text
     assert any(line.split() == ["0", "-", "UNASSIGNED", "-"] for line in text.splitlines())
     assert any(line.split()[:2] == ["h:1", "*"] for line in text.splitlines())
+
+
+def test_a_heartbeat_only_pairs_task_is_its_heartbeat_part() -> None:
+    report = FlowStatus(
+        name="B->A",
+        source="B",
+        target="A",
+        replicating=False,
+        state="RUNNING",
+        parts=[
+            PartStatus(part="heartbeat", state="RUNNING", restarts=0),
+            PartStatus(part="member", state="RUNNING", restarts=0),
+        ],
+        topics=[],
+        lag_records=0,
+    )
+    cluster = flow_cluster(
+        "B->A", "g", "consumer", 1, [Member(_node(1), [0])], {"h:1": report}, "h:1"
+    )
+    assert [(t.task, t.state) for t in cluster.tasks] == [(0, "RUNNING")]
