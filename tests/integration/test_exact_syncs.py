@@ -30,6 +30,7 @@ PARTITIONS = 2
 TRANSACTIONS = 40
 PER_TRANSACTION = 500  # records, spread over the partitions
 FOREIGN_EVERY = 0.002  # seconds between two foreign records on the target
+SYNCS_TOPIC = "mm2-offset-syncs.B.internal"
 
 
 def _produce_transactions(a: LocalCluster, topic: str, done: threading.Event) -> None:
@@ -78,9 +79,11 @@ def _check(
 ) -> tuple[int, int] | None:
     """Translate every committed source offset through the syncs read now; return
     (offsets checked, offsets exact). Never past an uncopied record; exact ones land
-    on the copy itself. `final`: None unless every offset was exact."""
-    store = read_offset_syncs(a.client_properties(), "A", "mm2-offset-syncs.B.internal")
-    assert store is not None
+    on the copy itself. None when there are no syncs yet or, if `final`, unless every
+    offset was exact."""
+    store = read_offset_syncs(a.client_properties(), "A", SYNCS_TOPIC)
+    if store is None:
+        return None  # the source part has not started yet
     # After the syncs: the target holds at least every record they name.
     copies: dict[tuple[int, bytes | None], int] = {}
     ends: dict[int, int] = {}
@@ -120,6 +123,12 @@ def test_syncs_are_exact_with_a_foreign_writer_and_a_transactional_source(
     produced, stop = threading.Event(), threading.Event()
     foreign: list[int] = []
     with running_daemon(config):
+        # Copying starts once the source part runs (it makes the syncs topic first).
+        wait_until(
+            lambda: read_offset_syncs(cluster_a.client_properties(), "A", SYNCS_TOPIC),
+            timeout=60,
+            what=f"{SYNCS_TOPIC} on A",
+        )
         writers = [
             threading.Thread(target=_produce_transactions, args=(cluster_a, unique, produced)),
             threading.Thread(
