@@ -37,7 +37,7 @@ from mm2py import logs
 from mm2py.cluster.assignment import TaskSlot
 from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.daemon.metrics import Metrics
-from mm2py.daemon.part import Part
+from mm2py.daemon.part import FlowPart
 from mm2py.daemon.reachability import Reachability
 from mm2py.replication.stats import Extremes, PartitionStats, ReplicationStats, summed
 
@@ -62,7 +62,7 @@ class TaskReport:
     trace: str | None = None
 
 
-class TaskPart(Part):
+class TaskPart(FlowPart):
     """The node's handle on one task process (shows as the flow's "source" part, task N)."""
 
     name = "source"
@@ -77,18 +77,13 @@ class TaskPart(Part):
         slot: TaskSlot,
         stats: NodeStats,
     ) -> None:
-        super().__init__(flow, metrics)
-        self.source = source
-        self.target = target
+        super().__init__(flow, source, target, metrics)
         self.slot = slot
         self.node_stats = stats
         self.report: TaskReport | None = None
         self.pid: int | None = None
         self._conn: Connection | None = None
         self._conn_lock = threading.Lock()
-
-    def clusters(self) -> tuple[str, ...]:
-        return (self.flow.source, self.flow.target)
 
     def failed_partitions(self) -> dict[str, str]:
         report = self.report
