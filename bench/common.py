@@ -209,12 +209,7 @@ def run_kafka_tool_timed(main_class: str, *args: str, heap: str = "1g") -> tuple
     The CPU time is the growth of this process's finished children's CPU time over
     the run, so tools run at the same time share it out (see `producer_performance`).
     """
-    cmd = [
-        a
-        for a in java_command(main_class, *args, heap=heap)
-        if not a.startswith("-Dkafka.logs.dir=")
-    ]
-    cmd.insert(1, f"-Dkafka.logs.dir={logs_dir()}")  # log4j needs it before the main class
+    cmd = java_command(main_class, *args, heap=heap, logs_dir=logs_dir())
     cpu_before = _children_cpu()
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     cpu = _children_cpu() - cpu_before

@@ -20,11 +20,8 @@ Observed with Kafka 4.1.1 on the local single-node clusters (2 cores):
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
-import signal
 import socket
 import subprocess
 import time
@@ -36,7 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-from mm2py.dev.jars import java_command
+from mm2py.dev.jars import spawn_java, stop_java
 from mm2py.dev.mirrormaker import render_properties
 
 log = logging.getLogger(__name__)
@@ -154,20 +151,13 @@ class ConnectWorker:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         config = self.work_dir / "worker.properties"
         config.write_text(render_properties(self.properties), encoding="latin-1")
-        cmd = [
-            arg
-            for arg in java_command(MAIN_CLASS, str(config), heap=self.heap)
-            if not arg.startswith("-Dkafka.logs.dir=")
-        ]
-        cmd.insert(1, f"-Dkafka.logs.dir={self.work_dir}")
-        with open(self.stdout_file, "ab") as out:
-            self._proc = subprocess.Popen(
-                cmd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        self._proc = spawn_java(
+            MAIN_CLASS,
+            str(config),
+            heap=self.heap,
+            logs_dir=self.work_dir,
+            stdout_file=self.stdout_file,
+        )
         log.info("started a Connect worker (pid %d) on %s", self._proc.pid, self.url)
         return self
 
@@ -183,16 +173,7 @@ class ConnectWorker:
         proc, self._proc = self._proc, None
         if proc is None:
             return None
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        return proc.returncode
+        return stop_java(proc, timeout, "the Connect worker")
 
     def __enter__(self) -> ConnectWorker:
         return self.start()

@@ -6,10 +6,12 @@ tests and benchmarks) and Kafka's perf tools.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -96,3 +98,34 @@ def java_command(
         main_class,
         *args,
     ]
+
+
+def spawn_java(
+    main_class: str, *args: str, heap: str, logs_dir: Path, stdout_file: Path
+) -> subprocess.Popen[bytes]:
+    """Start `main_class` in a session of its own (so `stop_java` signals the whole group),
+    log4j writing under `logs_dir`, stdout and stderr appended to `stdout_file`."""
+    cmd = java_command(main_class, *args, heap=heap, logs_dir=logs_dir)
+    with open(stdout_file, "ab") as out:
+        return subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def stop_java(proc: subprocess.Popen[bytes], timeout: float, what: str) -> int:
+    """SIGTERM the process group, SIGKILL after `timeout` s; its exit status."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("%s (pid %d) ignored SIGTERM for %ss; killing it", what, proc.pid, timeout)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode

@@ -52,7 +52,7 @@ from types import TracebackType
 from typing import IO, Final
 
 from mm2py.config.properties import decode, parse_properties
-from mm2py.dev.jars import cache_root, java_command
+from mm2py.dev.jars import cache_root, spawn_java, stop_java
 
 log = logging.getLogger(__name__)
 
@@ -254,22 +254,13 @@ class RealMirrorMaker:
         args = [str(self.properties_file)]
         if self.clusters:
             args += ["--clusters", *self.clusters]
-        # log4j2.properties logs to ${sys:kafka.logs.dir}: point it at work_dir, replacing
-        # any default java_command sets (the -D must precede the main class).
-        cmd = [
-            arg
-            for arg in java_command(MAIN_CLASS, *args, heap=self.heap)
-            if not arg.startswith("-Dkafka.logs.dir=")
-        ]
-        cmd.insert(1, f"-Dkafka.logs.dir={self.work_dir}")
-        with open(self.stdout_file, "ab") as out:
-            self._proc = subprocess.Popen(
-                cmd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        self._proc = spawn_java(
+            MAIN_CLASS,
+            *args,
+            heap=self.heap,
+            logs_dir=self.work_dir,
+            stdout_file=self.stdout_file,
+        )
         self.started_at = time.monotonic()
         log.info("started MirrorMaker 2 (pid %d), log %s", self._proc.pid, self.log_file)
         return self
@@ -318,20 +309,7 @@ class RealMirrorMaker:
             self._release_lock()
             return None
         try:
-            if proc.poll() is None:
-                # Signal the group: the JVM leads its own session (start_new_session).
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    log.warning(
-                        "MM2 (pid %d) ignored SIGTERM for %ss; killing it", proc.pid, timeout
-                    )
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-            return proc.returncode
+            return stop_java(proc, timeout, "MM2")
         finally:
             self._proc = None
             self._release_lock()
