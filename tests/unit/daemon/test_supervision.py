@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from mm2py.config import FlowConfig, load_config
+from mm2py.config import FlowConfig
 from mm2py.daemon.part import Part
 from mm2py.daemon.supervisor import Daemon, Supervised
+from tests.unit.daemon.conftest import offline_daemon
 
 
 class Flaky(Part):
@@ -40,15 +41,7 @@ class Flaky(Part):
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Daemon:
-    config = tmp_path / "mm2.properties"
-    config.write_text(
-        "clusters = A, B\n"
-        "A.bootstrap.servers = 127.0.0.1:1\n"
-        "B.bootstrap.servers = 127.0.0.1:2\n"
-        "A->B.enabled = true\n"
-    )
-    loaded = load_config(config)
-    return Daemon(loaded, loaded.enabled_flows(), "127.0.0.1:0", heartbeat_flows=[])
+    return offline_daemon(tmp_path)
 
 
 def _supervise_until(daemon: Daemon, done: threading.Event, seconds: float) -> bool:

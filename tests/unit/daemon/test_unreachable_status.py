@@ -21,6 +21,7 @@ from mm2py.daemon.status import (
     health,
 )
 from mm2py.daemon.supervisor import Daemon, Supervised, build_reachability
+from tests.unit.daemon.conftest import offline_daemon
 
 REASON = "cluster B (127.0.0.1:29092) since 12:03:04"
 
@@ -88,16 +89,7 @@ class FakeClock:
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Daemon:
-    config = tmp_path / "mm2.properties"
-    config.write_text(
-        "clusters = A, B\n"
-        "A.bootstrap.servers = 127.0.0.1:1\n"
-        "B.bootstrap.servers = 127.0.0.1:2\n"
-        "A->B.enabled = true\n"
-        "A->B.cluster.unreachable.grace.ms = 3000\n"
-    )
-    loaded = load_config(config)
-    return Daemon(loaded, loaded.enabled_flows(), "127.0.0.1:0", heartbeat_flows=[])
+    return offline_daemon(tmp_path, "A->B.cluster.unreachable.grace.ms = 3000\n")
 
 
 def test_the_grace_of_a_cluster_is_the_shortest_of_its_flows(daemon: Daemon) -> None:
