@@ -63,10 +63,11 @@ def run(args: argparse.Namespace) -> int:
 def add_parser(sub: Subparsers) -> None:
     p = sub.add_parser(
         "status",
-        help="flows, parts, states, lag and latency of a running daemon (its REST API)",
+        help="flows, parts, states, lag and latency of a running daemon, and its clusters",
         description="Print a running daemon's flows with their parts' states, and per topic "
         "the records copied, the lag and the replication latency (p50/p99 of the last "
-        "minute). Exit status 1 when no daemon answers.",
+        "minute); then each flow's mm2py cluster: its nodes and which runs which task, "
+        "with the tasks' states and partitions. Exit status 1 when no daemon answers.",
     )
     p.add_argument(
         "--url",

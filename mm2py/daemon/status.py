@@ -251,7 +251,8 @@ def format_status(flows: Sequence[FlowStatus], health: Health | None = None) -> 
                 error = part.trace.strip().splitlines()[-1]
             elif part.failed_partitions:
                 error = f"stopped partitions: {', '.join(sorted(part.failed_partitions))}"
-            part_rows.append([part.part, part.state, str(part.restarts), error])
+            name = part.part if part.task is None else f"{part.part} task {part.task}"
+            part_rows.append([name, part.state, str(part.restarts), error])
         lines.extend(text_table(part_rows, "  "))
         if flow.topics:
             topic_rows = [["TOPIC", "PARTITIONS", "RECORDS", "LAG", "LATENCY p50", "p99"]]
