@@ -26,7 +26,9 @@ set of tasks rather than reusing partitions meant for another split.
 
 from __future__ import annotations
 
+import re
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -53,6 +55,13 @@ def group_id(prefix: str, source: str, target: str) -> str:
 def tasks_topic(source: str, tasks: int) -> str:
     """The internal topic on the target whose partitions stand for the flow's tasks."""
     return f"mm2py-tasks.{source}.{tasks}.internal"
+
+
+def task_counts(topics: Iterable[str], source: str) -> set[int]:
+    """The task counts that `tasks_topic` names among `topics` (a flow's earlier splits:
+    exactly-once fences their tasks' transactional ids)."""
+    pattern = re.compile(rf"mm2py-tasks\.{re.escape(source)}\.([0-9]+)\.internal")
+    return {int(m[1]) for t in topics if (m := pattern.fullmatch(t))}
 
 
 def choose_protocol(wanted: str, broker_protocols: str | None) -> GroupProtocol:

@@ -15,6 +15,10 @@ MM2's KafkaBasedLog does for Connect):
   read, or once the consumer says it is at the end of the partition: the last offsets
   of a log may hold nothing a reader gets (transaction markers, aborted or compacted
   records).
+- With `past_open_transactions` (a read_committed reader given end offsets past
+  transactions still open, e.g. read_uncommitted high watermarks), the end of the
+  partition counts only at or past the end offset: the read waits until those
+  transactions are committed or aborted, so nothing committed before it is missed.
 - With `stop_at_end`, records at or past a partition's end are not handed over (a
   bounded read: verify compares up to a snapshot); otherwise they are, so a reader
   that goes on following loses nothing.
@@ -105,11 +109,13 @@ class TopicReader:
         overrides: Mapping[str, Any] | None = None,
         *,
         stop_at_end: bool = False,
+        past_open_transactions: bool = False,
         consumer: Any = None,
     ) -> None:
         """`consumer` replaces the one built from `props` (for tests without a broker)."""
         self.cluster_alias = cluster_alias
         self.stop_at_end = stop_at_end
+        self.past_open_transactions = past_open_transactions
         self._consumer: Any = (
             consumer
             if consumer is not None
@@ -251,6 +257,11 @@ class TopicReader:
             err = msg.error()
             key: Key = (msg.topic(), msg.partition())
             if err is not None:
+                committed_end = (
+                    err.code() == KafkaError._PARTITION_EOF and self.past_open_transactions
+                )
+                if committed_end and msg.offset() < self._pending.get(key, -1):
+                    continue  # at the end of what is committed so far
                 self._on_error(key, err, on_error)
                 continue
             if key not in self._assigned:

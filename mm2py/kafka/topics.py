@@ -96,16 +96,18 @@ def list_offsets(
     cluster_alias: str,
     specs: Mapping[TopicPartition, Any],
     timeout: float = ADMIN_TIMEOUT,
+    *,
+    committed: bool = True,
 ) -> dict[tuple[str, int], int]:
-    """Offsets by (topic, partition) for OffsetSpecs, as a read_committed consumer sees them.
+    """Offsets by (topic, partition) for OffsetSpecs, as a read_committed consumer sees them
+    (`committed` False: as a read_uncommitted one, e.g. the end past open transactions).
 
     Raises TopicAdminError naming the partition and cluster when one cannot be read.
     """
     if not specs:
         return {}
-    futures = admin.list_offsets(
-        dict(specs), isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout
-    )
+    isolation = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+    futures = admin.list_offsets(dict(specs), isolation_level=isolation, request_timeout=timeout)
     out: dict[tuple[str, int], int] = {}
     for tp, future in futures.items():
         try:

@@ -34,6 +34,17 @@ run all acknowledged, or the one before a rejected record), recorded in
 ``mm2-offsets.<source>.internal``; offset syncs follow `SyncRule`. Everything here
 runs on the one thread that owns the loop, except `failed_partitions()` and
 reading the statistics.
+
+Exactly-once (`Transactions` given): the producer is transactional. A transaction
+opens with the first batch after a commit and commits every `Transactions.interval`
+(mm2py.replication.transactions): once every record is acknowledged, the progress
+of the partitions it copied is written in it, so records and progress are recorded
+together or not at all. Offset syncs and the statistics (records copied, replication
+latency: until the commit, when read_committed readers see the records) wait for the
+commit; nothing is said of records a transaction that aborts copied. Any failure
+aborts the open transaction and ends the loop (`TransactionFailed`; a record the
+target rejects: `PartitionRejected`, its partition in `failed`, which the next loop
+leaves out); the next loop starts from the committed progress.
 """
 
 from __future__ import annotations
@@ -53,6 +64,13 @@ from mm2py.logs import partition_fields
 from mm2py.replication.offset_syncs import OffsetSyncWriter, SyncRule
 from mm2py.replication.progress import ProgressStore, SourcePartition
 from mm2py.replication.stats import PartitionStats, ReplicationStats
+from mm2py.replication.transactions import (
+    TransactionFailed,
+    TransactionLog,
+    abort,
+    commit,
+    settle,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +86,8 @@ BATCH_SIZE = 5000
 ACK_POLL_TIMEOUT = 0.001
 ACK_POLL_MAX = 0.1
 LEARN_TOPIC_TIMEOUT = 2.0
+# Longest wait for a transaction's records to be acknowledged and committed.
+COMMIT_TIMEOUT = 60.0
 # Show at most this many partitions in an INFO line; the whole list goes to DEBUG.
 LOGGED_PARTITIONS = 20
 # The `until` of a partition watched after librdkafka reset its position: its first
@@ -95,6 +115,20 @@ class OffsetResetLog:
             found = _OFFSET_RESET.search(str(args[2]))
             if found:
                 self.on_reset(found[1], int(found[2]), int(found[3]))
+
+
+@dataclass(frozen=True)
+class Transactions:
+    """How the loop copies exactly-once: its producer is transactional (initialised),
+    and commits every `interval` seconds (0: after every batch)."""
+
+    interval: float
+    log: TransactionLog
+
+
+class PartitionRejected(TransactionFailed):
+    """The target rejected a record (exactly-once): the transaction is aborted and the
+    partition stopped; the message names the record."""
 
 
 @dataclass(frozen=True)
@@ -197,9 +231,13 @@ class CopyLoop:
         stored: Mapping[SourcePartition, int],
         on_partition_failed: Callable[[], None] | None = None,
         poll_timeout: float = 1.0,
+        transactions: Transactions | None = None,
+        failed: dict[SourcePartition, str] | None = None,
     ) -> None:
         """`poll_timeout`: the longest wait for records when nothing is in flight
-        (``consumer.poll.timeout.ms``)."""
+        (``consumer.poll.timeout.ms``). `transactions`: copy exactly-once. `failed`:
+        partitions stopped by a rejected record, kept by the caller across loops
+        (exactly-once); the loop adds those it stops and does not copy them."""
         self.flow_name = flow_name
         self.target_alias = target_alias
         self.consumer = consumer
@@ -223,6 +261,15 @@ class CopyLoop:
         # (expected, watch until a record at or after this offset was read).
         self._watched: dict[SourcePartition, tuple[int, int]] = {}
         self._starts: dict[SourcePartition, int] = {}  # where each partition was assigned
+        self._txn = transactions
+        self._failed = failed if failed is not None else {}
+        self._txn_open = False
+        self._txn_due = 0.0  # when the open transaction commits (monotonic)
+        self._rejected: str | None = None  # why the open transaction must abort
+        # Of the open transaction: offset syncs, and (stats, records, first and last
+        # timestamp in ms) of acknowledged runs; both wait for its commit.
+        self._txn_syncs: list[tuple[PartitionState, int, int]] = []
+        self._txn_copied: list[tuple[PartitionStats, int, int, int]] = []
 
     # -- which partitions -------------------------------------------------------
 
@@ -253,6 +300,10 @@ class CopyLoop:
                     state.acked = state.committed = state.submitted = stored
                 self.by_source[(p.topic, p.partition)] = state
                 self._by_remote[(p.remote_topic, p.partition)] = state
+                failure = self._failed.get((p.topic, p.partition))
+                if failure is not None:
+                    state.failure = failure  # stopped by an earlier loop: not copied
+                    continue
             if stored is not None:
                 start = stored + 1
             else:
@@ -346,7 +397,13 @@ class CopyLoop:
         else:
             wait = self._poll_timeout
             self._ack_seen_at = None
+        if self._txn_open:
+            wait = min(wait, max(self._txn_due - time.monotonic(), 0.0))
         msgs = consume_batch(self.consumer, BATCH_SIZE, wait)
+        if msgs and self._txn is not None and not self._txn_open:
+            self.producer.begin_transaction()
+            self._txn_open = True
+            self._txn_due = time.monotonic() + self._txn.interval
         if self._watched:
             self._check_skipped(msgs)
         wall = time.time()
@@ -396,7 +453,7 @@ class CopyLoop:
                     assert run is not None and state is not None
                     self._close_run(run, state, produced, size, ts, wall)
                     run, nxt = None, -1
-                    self._fail_partition(state, offset, exc.args[0].str(), _size(msg))
+                    self._refused(exc, state, offset, msg)
                     continue
                 if not sent:
                     if run is not None:
@@ -407,7 +464,7 @@ class CopyLoop:
                 assert run is not None and state is not None
                 self._close_run(run, state, produced, size, ts, wall)
                 run, nxt = None, -1
-                self._fail_partition(state, offset, exc.args[0].str(), _size(msg))
+                self._refused(exc, state, offset, msg)
                 continue
             produced += 1
             nxt = offset + 1
@@ -420,7 +477,22 @@ class CopyLoop:
         self.producer.poll(0)
         if self.restart_reason:
             raise RuntimeError(self.restart_reason)
+        if self._txn is not None:
+            if self._rejected is not None:
+                raise PartitionRejected(self._rejected)
+            if self._txn.log.failure is not None:
+                raise TransactionFailed(self._txn.log.failure)
+            if self._txn_open and time.monotonic() >= self._txn_due:
+                self.commit_transaction()
         return True
+
+    def _refused(self, exc: KafkaException, state: PartitionState, offset: int, msg: Any) -> None:
+        """The produce call refused a record: its partition stops, unless the producer
+        as a whole cannot go on (fenced, or a fatal error): then the loop ends."""
+        err = exc.args[0]
+        if err.fatal() or (self._txn is not None and self._rejected is not None):
+            raise exc
+        self._fail_partition(state, offset, err.str(), _size(msg))
 
     def _close_run(
         self, run: Run, state: PartitionState, produced: int, size: int, ts: int, wall: float
@@ -552,6 +624,13 @@ class CopyLoop:
                 run.errors += 1
             else:
                 run.base -= 1
+            if self._txn is not None and (self._rejected is not None or err.fatal()):
+                # The transaction aborts: only the first failure says why.
+                if self.restart_reason is None and self._rejected is None:
+                    self.restart_reason = f"writing to {self.target_alias}: {err.str()}"
+                return
+            if err.code() in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
+                return  # dropped by an abort
             if err.code() == KafkaError._MSG_TIMED_OUT:
                 # Nothing is lost: the part restarts from its last progress.
                 self.restart_reason = (
@@ -596,12 +675,15 @@ class CopyLoop:
             return
         state.acked = upstream
         state.acked_downstream = downstream
+        # The last record's timestamp is known only for a whole run (a partial one: its first).
+        last_ts = run.ts_last if count == run.count else run.ts
+        if self._txn is not None:
+            self._txn_copied.append((state.stats, count, run.ts, last_ts))
+            return
         stats = state.stats
         stats.records += count
         # At the moment the report is served, like confluent-kafka's `msg.latency()`;
-        # serving reports promptly (ACK_POLL_TIMEOUT) is what makes it exact. The last
-        # record's timestamp is known only for a whole run (a partial one: its first).
-        last_ts = run.ts_last if count == run.count else run.ts
+        # serving reports promptly (ACK_POLL_TIMEOUT) is what makes it exact.
         stats.latency.observe_span(now - run.ts / 1000.0, now - last_ts / 1000.0, count)
 
     def _fail_partition(self, state: PartitionState, offset: int, reason: str, size: int) -> None:
@@ -612,6 +694,11 @@ class CopyLoop:
         """
         first = state.failure is None
         state.failed_at = min(state.failed_at, offset)
+        if self._txn is not None and self._rejected is None:
+            self._rejected = (
+                f"target {self.target_alias} rejected record {state.topic}-{state.partition} "
+                f"offset {offset}: {reason}"
+            )
         if not first and size <= state.failed_size:
             return
         state.failed_size = size
@@ -626,13 +713,16 @@ class CopyLoop:
             state.failure,
             extra=partition_fields(state.topic, state.partition),
         )
+        self._failed[(state.topic, state.partition)] = state.failure
         if first:
             if self._on_partition_failed is not None:
                 self._on_partition_failed()
             self.consumer.pause([TopicPartition(state.topic, state.partition)])
 
     def _write_sync(self, state: PartitionState, upstream: int, downstream: int) -> None:
-        if self.syncs is not None:
+        if self._txn is not None:
+            self._txn_syncs.append((state, upstream, downstream))  # after the commit
+        elif self.syncs is not None:
             self.syncs.write(state.topic, state.partition, upstream, downstream)
 
     def _consume_error(self, msg: Any) -> None:
@@ -677,6 +767,49 @@ class CopyLoop:
         if wait_until is not None:
             self.progress.flush(max(wait_until - time.monotonic(), 0.1))
 
+    def commit_transaction(self, timeout: float = COMMIT_TIMEOUT) -> None:
+        """Exactly-once: commit the open transaction with the progress of what it copied;
+        then write its offset syncs and count its records.
+
+        Raises TransactionFailed (PartitionRejected) when it cannot commit; the caller
+        aborts it (`finish`).
+        """
+        txn = self._txn
+        assert txn is not None
+        if not self._txn_open:
+            return
+        where = f"flow {self.flow_name}: committing to cluster {self.target_alias}"
+        settle(self.producer, txn.log, timeout, where)  # every delivery report served
+        if self._rejected is not None:
+            raise PartitionRejected(self._rejected)
+        if self.restart_reason is not None:
+            raise TransactionFailed(self.restart_reason)
+        changed = {
+            key: state.acked
+            for key, state in self.by_source.items()
+            if state.acked > state.committed and state.acked < state.failed_at
+        }
+        self.progress.write_in_transaction(self.producer, changed)
+        commit(self.producer, txn.log, timeout, where)
+        self._txn_open = False
+        now = time.time()
+        for stats, count, first_ts, last_ts in self._txn_copied:
+            stats.records += count
+            stats.latency.observe_span(now - first_ts / 1000.0, now - last_ts / 1000.0, count)
+        syncs = self.syncs
+        for state, upstream, downstream in self._txn_syncs:
+            if syncs is not None:
+                syncs.write(state.topic, state.partition, upstream, downstream)
+        self._txn_copied.clear()
+        self._txn_syncs.clear()
+        for key, offset in changed.items():
+            state = self.by_source[key]
+            state.committed = state.submitted = offset
+            if syncs is not None and state.syncs.on_progress(offset):
+                syncs.write(state.topic, state.partition, offset, state.acked_downstream)
+        if syncs is not None:
+            syncs.poll()
+
     def _progress_written(self, where: SourcePartition, offset: int) -> None:
         state = self.by_source[where]
         state.committed = max(state.committed, offset)
@@ -720,9 +853,30 @@ class CopyLoop:
             self._watched[where] = (last_read + 1, low)
 
     def finish(self, deadline: float) -> None:
-        """Flush what is in flight and record progress, by `deadline` (monotonic)."""
-        self.producer.flush(max(deadline - time.monotonic(), 0.1))
-        self.commit_progress(wait_until=deadline)
+        """Flush what is in flight and record progress, by `deadline` (monotonic).
+
+        Exactly-once: commit the open transaction, or abort it when the loop ends on
+        a failure (or the commit fails: nothing of it is recorded)."""
+        if self._txn is None:
+            self.producer.flush(max(deadline - time.monotonic(), 0.1))
+            self.commit_progress(wait_until=deadline)
+        elif self._txn_open:
+            failed = self._rejected or self.restart_reason or self._txn.log.failure
+            try:
+                if failed is not None:
+                    raise TransactionFailed(failed)
+                self.commit_transaction(max(deadline - time.monotonic(), 0.1))
+            except (TransactionFailed, KafkaException) as exc:
+                log.warning(
+                    "flow %s: the open transaction is aborted (%s); its records are copied "
+                    "again from the last commit",
+                    self.flow_name,
+                    exc,
+                )
+                abort(
+                    self.producer, f"flow {self.flow_name}", max(deadline - time.monotonic(), 1.0)
+                )
+            self._txn_open = False
         if self.syncs is not None:
             self.syncs.flush(max(deadline - time.monotonic(), 0.1))
 

@@ -13,6 +13,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka.admin._listoffsets import OffsetSpec
+
 from mm2py.compat.formats import (
     DEFAULT_OFFSET_STORAGE_PARTITIONS,
     SOURCE_CONNECTOR_NAME,
@@ -23,7 +26,7 @@ from mm2py.compat.formats import (
 )
 from mm2py.kafka import clients
 from mm2py.kafka.reader import TopicReader
-from mm2py.kafka.topics import await_partitions, ensure_internal_topic
+from mm2py.kafka.topics import await_partitions, ensure_internal_topic, list_offsets
 
 log = logging.getLogger(__name__)
 
@@ -57,20 +60,37 @@ class ProgressStore:
             replication_factor,
         )
         self.partitions = await_partitions(self._admin, target_alias, self.topic)
-        self._producer = clients.producer(
-            target_props, {"acks": "all", "enable.idempotence": True, "linger.ms": 0}
-        )
+        self._producer: Any = None  # made on the first `submit`
 
-    def load(self, timeout: float = 60.0) -> dict[SourcePartition, int]:
+    def load(
+        self, timeout: float = 60.0, *, past_open_transactions: bool = False
+    ) -> dict[SourcePartition, int]:
         """Every recorded last-copied offset for this source cluster, read to the end.
+
+        The topic is read read_committed: progress written in a transaction that was
+        aborted is never seen. With `past_open_transactions` the end is the topics'
+        high watermark, past transactions still open (other tasks', or one a fenced
+        writer left): the read waits until they end, so progress committed after
+        them is not missed (exactly-once: missing it would copy records again).
 
         Raises ReaderError naming the topic and cluster when it cannot be read
         (ReaderTimeout, also a TimeoutError, after `timeout` seconds).
         """
         found: dict[SourcePartition, int] = {}
         deadline = time.monotonic() + timeout
-        with TopicReader(self._props, self.target_alias) as reader:
-            reader.add_topic(self.topic, self.partitions, timeout)
+        with TopicReader(
+            self._props, self.target_alias, past_open_transactions=past_open_transactions
+        ) as reader:
+            if past_open_transactions:
+                latest: Any = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+                specs = {TopicPartition(self.topic, p): latest for p in range(self.partitions)}
+                ends = list_offsets(self._admin, self.target_alias, specs, timeout, committed=False)
+                reader.add(
+                    {where: OFFSET_BEGINNING for where in ends},
+                    {where: end for where, end in ends.items() if end > 0},
+                )
+            else:
+                reader.add_topic(self.topic, self.partitions, timeout)
             reader.read_to_end(
                 lambda msg: self._apply(found, msg.key(), msg.value()),
                 max(deadline - time.monotonic(), 0.0),
@@ -102,31 +122,52 @@ class ProgressStore:
 
         Acknowledgements are served by `poll()` or `flush()`.
         """
-        for (topic, partition), offset in last_copied.items():
-            key = SourceProgressKey(
-                SOURCE_CONNECTOR_NAME, self.source_alias, topic, partition
-            ).encode()
+        if self._producer is None:
+            self._producer = clients.producer(
+                self._props, {"acks": "all", "enable.idempotence": True, "linger.ms": 0}
+            )
+        for where, offset in last_copied.items():
 
             def on_delivery(
-                err: Any, _msg: Any, where: SourcePartition = (topic, partition), at: int = offset
+                err: Any, _msg: Any, where: SourcePartition = where, at: int = offset
             ) -> None:
                 if err is None:
                     on_written(where, at)
                 else:
                     log.warning("writing progress to %s failed: %s", self.topic, err)
 
-            self._producer.produce(
-                self.topic,
-                key=key,
-                value=encode_progress_value(offset),
-                partition=partition_for_key(key, self.partitions),
-                on_delivery=on_delivery,
-            )
+            self._send(self._producer, where, offset, on_delivery)
         self._producer.poll(0)
+
+    def write_in_transaction(
+        self, producer: Any, last_copied: Mapping[SourcePartition, int]
+    ) -> None:
+        """Send the last copied offsets with `producer`, in its open transaction: they
+        are recorded if and only if the transaction commits."""
+        for where, offset in last_copied.items():
+            self._send(producer, where, offset, None)
+
+    def _send(
+        self,
+        producer: Any,
+        where: SourcePartition,
+        offset: int,
+        on_delivery: Callable[[Any, Any], None] | None,
+    ) -> None:
+        topic, partition = where
+        key = SourceProgressKey(SOURCE_CONNECTOR_NAME, self.source_alias, topic, partition).encode()
+        producer.produce(
+            self.topic,
+            key=key,
+            value=encode_progress_value(offset),
+            partition=partition_for_key(key, self.partitions),
+            on_delivery=on_delivery,
+        )
 
     def flush(self, timeout: float) -> bool:
         """Wait for every submitted write; True if none is left."""
-        return int(self._producer.flush(timeout)) == 0
+        return self._producer is None or int(self._producer.flush(timeout)) == 0
 
     def close(self) -> None:
-        self._producer.flush(5)
+        if self._producer is not None:
+            self._producer.flush(5)

@@ -6,7 +6,14 @@ from collections import Counter
 
 import pytest
 
-from mm2py.cluster.assignment import TaskSlot, choose_protocol, group_id, task_of, tasks_topic
+from mm2py.cluster.assignment import (
+    TaskSlot,
+    choose_protocol,
+    group_id,
+    task_counts,
+    task_of,
+    tasks_topic,
+)
 from mm2py.cluster.member import NodeId
 
 
@@ -72,3 +79,15 @@ def test_a_nodes_client_id_says_who_it_is() -> None:
 def test_the_group_is_named_by_prefix_and_flow() -> None:
     assert group_id("mm2py", "A", "B") == "mm2py-A->B"
     assert group_id("staging", "A", "B") != group_id("mm2py", "A", "B")
+
+
+def test_task_counts_are_read_back_from_the_tasks_topics_of_one_source() -> None:
+    topics = [
+        tasks_topic("A", 4),
+        tasks_topic("A", 2),
+        tasks_topic("A.x", 3),  # another source whose alias starts like A's
+        "mm2py-tasks.A.two.internal",
+        "orders",
+    ]
+    assert task_counts(topics, "A") == {2, 4}
+    assert task_counts(topics, "A.x") == {3}

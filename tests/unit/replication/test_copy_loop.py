@@ -9,6 +9,7 @@ out queued records. Byte equality and real delivery are the integration tests'.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -21,9 +22,16 @@ from mm2py.replication.client_settings import (
     PRODUCER_REQUIRED,
     copy_settings,
 )
-from mm2py.replication.copy_loop import CopyLoop, NewPartition, describe_partitions
+from mm2py.replication.copy_loop import (
+    CopyLoop,
+    NewPartition,
+    PartitionRejected,
+    Transactions,
+    describe_partitions,
+)
 from mm2py.replication.offset_syncs import OffsetSyncWriter, SyncRule
 from mm2py.replication.stats import ReplicationStats
+from mm2py.replication.transactions import TransactionLog
 
 
 class Record:
@@ -380,3 +388,119 @@ def test_client_settings_user_wins_over_tuning_and_correctness_is_enforced(
     assert len(warnings) == 1 and "w1" in warnings[0] and "acks = all" in warnings[0]
     consumer = copy_settings({"isolation.level": "read_committed"}, {}, CONSUMER_REQUIRED, "c")
     assert consumer["isolation.level"] == "read_committed"
+
+
+# --- exactly-once ----------------------------------------------------------------
+
+
+class FakeTransactionalProducer(FakeProducer):
+    """A FakeProducer with transactions: what was produced since `begin_transaction`,
+    and each commit's records (progress included) as one list."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open: list[Record] | None = None
+        self.commits: list[list[Record]] = []
+        self.aborts = 0
+
+    def produce(self, topic: str, *args: Any, **kwargs: Any) -> None:
+        assert self.open is not None, "produced outside a transaction"
+        before = len(self.written)
+        super().produce(topic, *args, **kwargs)
+        self.open += self.written[before:]
+
+    def begin_transaction(self) -> None:
+        assert self.open is None
+        self.open = []
+
+    def commit_transaction(self, timeout: float = 0) -> None:
+        assert self.open is not None
+        self.flush()
+        self.commits.append(self.open)
+        self.open = None
+
+    def purge(self) -> None:
+        self.pending = [(cb, r, KafkaError(KafkaError._PURGE_QUEUE)) for cb, r, _ in self.pending]
+
+    def abort_transaction(self, timeout: float = 0) -> None:
+        self.aborts += 1
+        self.open = None
+
+
+class FakeTransactionalProgress(FakeProgress):
+    """Progress written through the loop's producer, in its transaction."""
+
+    def write_in_transaction(self, producer: Any, last_copied: dict[tuple[str, int], int]) -> None:
+        for (topic, partition), offset in last_copied.items():
+            producer.produce("mm2-offsets.A.internal", f"{topic}-{partition}:{offset}".encode())
+
+
+def _eos_loop(
+    failed: dict[tuple[str, int], str] | None = None,
+) -> tuple[CopyLoop, FakeTransactionalProducer]:
+    consumer, producer = FakeConsumer(), FakeTransactionalProducer()
+    syncs = OffsetSyncWriter(FakeProducer(), "mm2-offset-syncs.B.internal")
+    loop = CopyLoop(
+        "A->B",
+        "B",
+        consumer,
+        producer,
+        FakeTransactionalProgress(),  # type: ignore[arg-type]
+        syncs,
+        ReplicationStats("A", "B"),
+        {},
+        transactions=Transactions(interval=3600.0, log=TransactionLog(logging.getLogger("t"))),
+        failed=failed,
+    )
+    return loop, producer
+
+
+def test_exactly_once_commits_records_with_their_progress_then_writes_syncs_and_counts() -> None:
+    loop, producer = _eos_loop()
+    loop.assign([NewPartition("t", 0, "A.t"), NewPartition("t", 1, "A.t")], {})
+    _queue(loop, 0, 1, 2)
+    _queue(loop, 0, 1, partition=1)
+    loop.copy_batch(_never)
+    producer.poll()
+    # Acknowledged but not committed: no sync, no progress, nothing counted yet.
+    assert _syncs(loop) == [] and producer.commits == []
+    assert loop.stats.partition("A.t", 0).records == 0
+    loop.commit_transaction()
+    [committed] = producer.commits
+    assert [(r.topic(), r.value()) for r in committed[-2:]] == [
+        ("mm2-offsets.A.internal", b"t-0:2"),
+        ("mm2-offsets.A.internal", b"t-1:1"),
+    ]
+    assert len(committed) == 7  # five records, then both partitions' progress
+    assert _syncs(loop) == [("t", 0, 0, 0), ("t", 1, 0, 0), ("t", 0, 2, 2), ("t", 1, 1, 1)]
+    assert loop.stats.partition("A.t", 0).records == 3
+    assert sum(loop.stats.partition("A.t", 1).latency.counts) == 2
+    # Nothing new: nothing to commit, nothing opened.
+    loop.copy_batch(_never)
+    loop.commit_transaction()
+    assert len(producer.commits) == 1
+
+
+def test_exactly_once_rejected_record_aborts_and_the_next_loop_leaves_its_partition_out() -> None:
+    failed: dict[tuple[str, int], str] = {}
+    loop, producer = _eos_loop(failed)
+    loop.assign([NewPartition("t", 0, "A.t"), NewPartition("t", 1, "A.t")], {})
+    producer.outcome = lambda r: (
+        KafkaError(KafkaError.MSG_SIZE_TOO_LARGE) if r.partition() == 1 else None
+    )
+    _queue(loop, 0, 1)
+    _queue(loop, 0, partition=1)
+    producer.hold = True
+    loop.copy_batch(_never)  # the rejection is reported when acknowledgements are served
+    producer.hold = False
+    with pytest.raises(PartitionRejected, match=r"rejected record t-1 offset 0"):
+        loop.copy_batch(_never)
+    loop.finish(time.monotonic() + 5)
+    assert producer.aborts == 1 and producer.commits == []
+    assert _syncs(loop) == [] and loop.stats.partition("A.t", 0).records == 0
+    assert list(failed) == [("t", 1)]
+    # The next loop (from the committed progress) copies only partition 0.
+    again, _ = _eos_loop(failed)
+    again.assign([NewPartition("t", 0, "A.t"), NewPartition("t", 1, "A.t")], {})
+    assert [(tp.topic, tp.partition) for tp in again.consumer.assigned] == [("t", 0)]
+    assert "rejected record t-1 offset 0" in again.failed_partitions()["A.t-1"]
