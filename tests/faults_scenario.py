@@ -1,0 +1,629 @@
+"""The fault scenario of exactly-once replication (issue 12), against real brokers and
+real `mm2py run` processes; one implementation for the test (tests/integration/
+test_faults.py) and the benchmark (bench/faults.py).
+
+A flow A->B (tasks.max 4) copies a topic of 8 partitions while an idempotent producer
+writes numbered records into every partition: each value is `<partition>:<sequence>`,
+the sequence counting 0, 1, 2, ... in its partition, stamped with the current time.
+Three mm2py nodes run the same config. Meanwhile, one after the other in an order
+and at moments drawn from a seeded random generator (`plan`):
+
+- ten kill -9 of a node (with its task processes, which die with it), each restarted
+  after up to 2 s;
+- one kill -9 of B's broker, restarted on its data;
+- one SIGSTOP of A's broker for 20 s, then SIGCONT;
+- one zombie: a node running tasks is stopped with SIGSTOP (it and its task processes,
+  as a paused machine) until its group session (10 s on the local brokers) has expired
+  and the other nodes run its tasks, then SIGCONT: it wakes up believing it owns them.
+
+Faults come 2-8 s apart; producing goes on for TAIL_S after the last one.
+
+Then the producer stops, the scenario waits until a read_committed reader of the
+remote topic has every record the source holds (or gives up after CATCH_UP_S), and
+reads the remote topic from the beginning with isolation.level=read_committed; `count`
+gives, per partition, the records lost, duplicated and out of order. Exactly-once
+(`B.exactly.once.source.support = enabled`) must show each record once, in order;
+at-least-once must lose none.
+
+Whatever fails, every process stopped is continued and B's broker is running again
+when `run_scenario` returns or raises (later tests share the clusters).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+from confluent_kafka import KafkaException, TopicPartition
+
+from mm2py.dev.launcher import LocalCluster, LocalKafka
+from mm2py.kafka import clients
+from tests.daemon_harness import RunningDaemon, mm2_properties, running_daemon
+from tests.kafka_helpers import create_topic, read_all
+
+Mode = Literal["at-least-once", "exactly-once"]
+MODES: tuple[Mode, ...] = ("at-least-once", "exactly-once")
+FLOW = "A->B"
+PARTITIONS = 8
+TASKS = 4
+NODES = 3
+NODE_KILLS = 10
+RATE = 400.0  # records/s over all partitions
+SEED = 20261123
+# The local brokers' group.consumer.session.timeout.ms (mm2py.dev.launcher).
+SESSION_S = 10.0
+SOURCE_STOP_S = 20.0
+# Starting three nodes on the busy 2-core machine: interpreters, imports, the group,
+# a task process each.
+START_TIMEOUT = 90.0
+# Producing goes on this long after the last fault.
+TAIL_S = 5.0
+# After the producer stops: tasks that moved in the last faults start again from their
+# progress, open transactions are aborted by their next owner.
+CATCH_UP_S = 120.0
+
+
+class ScenarioError(AssertionError):
+    """The scenario could not run as planned (a node exited by itself, nothing copied,
+    the source does not hold what was produced)."""
+
+
+# -- the plan: which fault when --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: `kind` after `gap_s` seconds of the previous one's end."""
+
+    kind: Literal["kill-node", "kill-target-broker", "stop-source-broker", "zombie-node"]
+    gap_s: float
+    node: int = 0  # which node slot (kill-node), if it runs
+    down_s: float = 0.0  # how long the node or broker stays down before its restart
+
+    def describe(self) -> str:
+        what = {
+            "kill-node": f"kill -9 of node {self.node}, restarted after {self.down_s:.1f} s",
+            "kill-target-broker": f"kill -9 of B's broker, restarted after {self.down_s:.1f} s",
+            "stop-source-broker": f"SIGSTOP of A's broker for {SOURCE_STOP_S:.0f} s",
+            "zombie-node": "SIGSTOP of a node running tasks past its session, then SIGCONT",
+        }[self.kind]
+        return f"+{self.gap_s:.1f} s: {what}"
+
+
+def plan(seed: int, node_kills: int = NODE_KILLS, nodes: int = NODES) -> list[Fault]:
+    """The faults in order, at moments drawn from `seed` (pure)."""
+    rng = random.Random(seed)
+    kinds: list[Any] = ["kill-node"] * node_kills + [
+        "kill-target-broker",
+        "stop-source-broker",
+        "zombie-node",
+    ]
+    rng.shuffle(kinds)
+    faults = []
+    for kind in kinds:
+        gap = round(rng.uniform(2.0, 8.0), 1)
+        node = rng.randrange(nodes)
+        down = round(rng.uniform(0.0, 2.0), 1) if kind != "stop-source-broker" else 0.0
+        faults.append(Fault(kind, gap, node if kind == "kill-node" else 0, down))
+    return faults
+
+
+# -- what was copied: counts per partition ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Counts:
+    """How a partition's records arrived on the target."""
+
+    produced: int
+    copied: int  # records read, duplicates included
+    lost: int  # produced records never copied
+    duplicated: int  # copies beyond the first of a record
+    out_of_order: int  # records whose first copy came after a later record's first copy
+    foreign: int  # records that are not this partition's produced ones
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(*(getattr(self, f) + getattr(other, f) for f in self.__dataclass_fields__))
+
+    @property
+    def exact(self) -> bool:
+        return self.copied == self.produced and not (
+            self.lost or self.duplicated or self.out_of_order or self.foreign
+        )
+
+
+NO_RECORDS = Counts(0, 0, 0, 0, 0, 0)
+
+
+def count(produced: int, copied: Sequence[int | None]) -> Counts:
+    """Compare a partition's copies (their sequence numbers in target order, None for a
+    record that is no produced record of this partition) with `produced` records
+    numbered 0 .. produced-1 (pure).
+
+    A replay (the copy going back to an earlier record and on from there, as after a
+    restart from recorded progress) counts as duplicates only; a record copied after a
+    later one, the first time, counts as out of order.
+    """
+    seen: set[int] = set()
+    duplicated = out_of_order = foreign = 0
+    highest = -1
+    for seq in copied:
+        if seq is None or not 0 <= seq < produced:
+            foreign += 1
+        elif seq in seen:
+            duplicated += 1
+        else:
+            seen.add(seq)
+            if seq < highest:
+                out_of_order += 1
+            highest = max(highest, seq)
+    return Counts(produced, len(copied), produced - len(seen), duplicated, out_of_order, foreign)
+
+
+def sequence_of(partition: int, value: bytes | None) -> int | None:
+    """The sequence number a value `<partition>:<sequence>` carries, None if the value
+    is not one of `partition`'s records (pure)."""
+    try:
+        part, seq = (value or b"").split(b":")
+        return int(seq) if int(part) == partition else None
+    except ValueError:
+        return None
+
+
+# -- the live producer --------------------------------------------------------------------
+
+
+class NumberedProducer:
+    """`rate` records a second over `partitions` partitions of `topic`, each value
+    `<partition>:<sequence>` numbered per partition, until stopped. Idempotent: the
+    source holds each partition's records once, in order."""
+
+    def __init__(self, cluster: LocalCluster, topic: str, partitions: int, rate: float):
+        self.cluster = cluster
+        self.topic = topic
+        self.sent = [0] * partitions
+        self.rate = rate
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="numbered-producer", daemon=True)
+
+    def _run(self) -> None:
+        producer = clients.producer(
+            self.cluster.client_properties(), {"enable.idempotence": True, "linger.ms": 5}
+        )
+
+        def on_delivery(err: Any, _msg: Any) -> None:
+            if err is not None:
+                self.errors.append(str(err))
+
+        next_round = time.monotonic()
+        while not self._stop.is_set():
+            now_ms = int(time.time() * 1000)
+            for p, seq in enumerate(self.sent):
+                while True:
+                    try:
+                        producer.produce(
+                            self.topic,
+                            value=f"{p}:{seq}".encode(),
+                            partition=p,
+                            timestamp=now_ms,
+                            on_delivery=on_delivery,
+                        )
+                        break
+                    except BufferError:  # the broker is slow or stopped: let the queue drain
+                        producer.poll(0.1)
+                self.sent[p] = seq + 1
+            producer.poll(0)
+            next_round += len(self.sent) / self.rate
+            self._stop.wait(max(next_round - time.monotonic(), 0.0))
+        if producer.flush(120) != 0:
+            self.errors.append("records still unsent 120 s after the producer stopped")
+
+    def start(self) -> NumberedProducer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[int]:
+        """Stop producing; once every record is acknowledged, return how many each
+        partition got."""
+        self._stop.set()
+        self._thread.join(150)
+        if self.errors or self._thread.is_alive():
+            raise ScenarioError(f"the live producer into A failed: {self.errors[:3]}")
+        return list(self.sent)
+
+    def __enter__(self) -> NumberedProducer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        self._stop.set()
+        self._thread.join(150)
+
+
+# -- processes: nodes and brokers -----------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    with contextlib.suppress(OSError):
+        for thread in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{thread}/children") as f:
+                kids.extend(int(k) for k in f.read().split())
+    return kids
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants alive now, parents first."""
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop(0)
+        tree.append(current)
+        todo.extend(_children(current))
+    return tree
+
+
+def _signal_all(pids: Sequence[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+class Nodes:
+    """`mm2py run` processes on one config, in slots 0..n-1; a slot's node can be
+    killed and started again. On leaving, every node still running gets SIGTERM."""
+
+    def __init__(self, config: Path, count: int) -> None:
+        self.config = config
+        self.slots: list[RunningDaemon] = []
+        self.count = count
+        self.killed: set[int] = set()  # pids we killed: their exit is no failure
+        self._stack = ExitStack()
+
+    def __enter__(self) -> Nodes:
+        self.slots = [self._start() for _ in range(self.count)]
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        live = [n for n in self.slots if n.proc.poll() is None]
+        for node in live:
+            _signal_all(process_tree(node.proc.pid), signal.SIGCONT)
+            node.proc.send_signal(signal.SIGTERM)
+        for node in live:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                node.proc.wait(15)
+        return self._stack.__exit__(exc_type, exc, tb)
+
+    def _start(self) -> RunningDaemon:
+        return self._stack.enter_context(running_daemon(self.config))
+
+    def check(self) -> None:
+        """Raise if a node exited by itself (a config refused, a crash)."""
+        for node in self.slots:
+            code = node.proc.poll()
+            if code is not None and node.proc.pid not in self.killed:
+                tail = "\n".join(node.log().splitlines()[-15:])
+                raise ScenarioError(
+                    f"mm2py node (pid {node.proc.pid}) exited by itself with {code}; "
+                    f"log {node.log_path}:\n{tail}"
+                )
+
+    def kill(self, slot: int) -> None:
+        node = self.slots[slot]
+        self.killed.add(node.proc.pid)
+        node.proc.kill()
+        node.proc.wait(10)
+
+    def restart(self, slot: int) -> None:
+        self.slots[slot] = self._start()
+
+    def running_tasks(self, skip: RunningDaemon | None = None) -> dict[int, RunningDaemon]:
+        """task -> the node whose status shows it RUNNING now (nodes not answering,
+        and `skip`, left out)."""
+        out: dict[int, RunningDaemon] = {}
+        for node in self.slots:
+            if node is skip or node.proc.poll() is not None:
+                continue
+            try:
+                parts = node.status_json(FLOW)["parts"]
+            except (OSError, ValueError, KeyError):
+                continue
+            for part in parts:
+                if part.get("part") == "source" and part.get("state") == "RUNNING":
+                    out[int(part["task"])] = node
+        return out
+
+
+def _flow_status(node: RunningDaemon) -> str:
+    try:
+        return json.dumps(node.status_json(FLOW))
+    except (OSError, ValueError) as error:
+        return f"(no status: {error})"
+
+
+def _wait(probe: Callable[[], bool], timeout: float, check: Callable[[], None]) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        check()
+        if probe():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+@contextmanager
+def _continued(pids: Sequence[int]) -> Iterator[None]:
+    """SIGSTOP `pids` (parents first) for the block; SIGCONT them, children first,
+    however it ends."""
+    _signal_all(pids, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        _signal_all(list(reversed(pids)), signal.SIGCONT)
+
+
+def kill_broker(kafka: LocalKafka, alias: str) -> None:
+    """kill -9 of a local cluster's broker (its data stays for the restart)."""
+    pid = kafka.pid(alias)
+    if pid is None:
+        raise ScenarioError(f"broker of cluster {alias} is not running under {kafka.state_dir}")
+    os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while kafka.is_running(alias) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+# -- the scenario ------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """What one run of the scenario did and found."""
+
+    mode: Mode
+    seed: int
+    faults: list[Fault]
+    seconds: float = 0.0
+    per_partition: dict[int, Counts] = field(default_factory=dict)
+    timeline: list[str] = field(default_factory=list)
+    caught_up: bool = False
+
+    @property
+    def total(self) -> Counts:
+        out = NO_RECORDS
+        for counts in self.per_partition.values():
+            out = out + counts
+        return out
+
+    def report(self) -> str:
+        """The seed, what happened when, and the counts per partition (for failures)."""
+        t = self.total
+        lines = [
+            f"fault scenario, {self.mode}, seed {self.seed} (MM2PY_FAULTS_SEED={self.seed} "
+            f"repeats the plan), {self.seconds:.0f} s; caught up: {self.caught_up}",
+            "  plan: " + "; ".join(f.describe() for f in self.faults),
+            *(f"  {line}" for line in self.timeline),
+            f"  total: produced {t.produced}, copied {t.copied}, lost {t.lost}, duplicated "
+            f"{t.duplicated}, out of order {t.out_of_order}, foreign {t.foreign}",
+            *(f"  partition {p}: {c}" for p, c in sorted(self.per_partition.items())),
+        ]
+        return "\n".join(lines)
+
+
+def _config(workdir: Path, a: LocalCluster, b: LocalCluster, topic: str, mode: Mode) -> Path:
+    extra = {"tasks.max": str(TASKS)}
+    if mode == "exactly-once":
+        extra[f"{b.alias}.exactly.once.source.support"] = "enabled"
+    path = workdir / f"faults-{mode}.properties"
+    path.write_text(mm2_properties(a, b, topic, **extra))
+    return path
+
+
+class _Clock:
+    def __init__(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+        self.started = time.monotonic()
+
+    def note(self, what: str) -> None:
+        self.outcome.timeline.append(f"{time.monotonic() - self.started:6.1f} s  {what}")
+
+
+def _read_copies(b: LocalCluster, remote: str) -> dict[int, list[int | None]]:
+    """Every record of `remote` on B from the beginning, read_committed: the sequence
+    numbers per partition, in offset order."""
+    out: dict[int, list[int | None]] = {p: [] for p in range(PARTITIONS)}
+    for rec in sorted(read_all(b, remote, timeout=120), key=lambda r: (r.partition, r.offset)):
+        out.setdefault(rec.partition, []).append(sequence_of(rec.partition, rec.value))
+    return out
+
+
+def _source_check(a: LocalCluster, topic: str, produced: Sequence[int]) -> None:
+    """The source must hold 0 .. n-1 in each partition, or the counts mean nothing."""
+    for p, seqs in _read_copies(a, topic).items():
+        if seqs != list(range(produced[p])):
+            raise ScenarioError(
+                f"{topic} partition {p} on A does not hold records 0..{produced[p] - 1} in "
+                f"order ({len(seqs)} records): the producer's guarantee failed, not mm2py"
+            )
+
+
+class _Coverage:
+    """A read_committed consumer of the remote topic, from the beginning: whether it has
+    seen every produced record of each partition."""
+
+    def __init__(self, b: LocalCluster, remote: str) -> None:
+        self.consumer = clients.consumer(
+            b.client_properties(), {"isolation.level": "read_committed"}
+        )
+        self.consumer.assign([TopicPartition(remote, p, 0) for p in range(PARTITIONS)])
+        self.seen: dict[int, set[int]] = {p: set() for p in range(PARTITIONS)}
+
+    def covers(self, produced: Sequence[int], seconds: float = 1.0) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for msg in self.consumer.consume(10000, 0.2):
+                partition = msg.partition()
+                if msg.error() is None and partition is not None:
+                    seq = sequence_of(partition, msg.value())
+                    if seq is not None:
+                        self.seen[partition].add(seq)
+        return all(len(self.seen[p]) >= n for p, n in enumerate(produced))
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def run_scenario(
+    kafka: LocalKafka,
+    workdir: Path,
+    topic: str,
+    mode: Mode,
+    seed: int = SEED,
+    log: Callable[[str], None] = lambda _line: None,
+) -> Outcome:
+    """Run the scenario on `kafka`'s clusters A and B (running); return what it found.
+
+    Raises ScenarioError if it could not run as planned; the outcome's report is then
+    part of the message.
+    """
+    a, b = kafka.cluster("A"), kafka.cluster("B")
+    faults = plan(seed)
+    outcome = Outcome(mode, seed, faults)
+    clock = _Clock(outcome)
+
+    def note(what: str) -> None:
+        clock.note(what)
+        log(outcome.timeline[-1])
+
+    try:
+        _run(kafka, a, b, workdir, topic, mode, outcome, note)
+    except BaseException as error:
+        outcome.seconds = time.monotonic() - clock.started
+        if isinstance(error, ScenarioError | KafkaException):
+            raise ScenarioError(f"{error}\n{outcome.report()}") from error
+        raise
+    finally:
+        for alias in ("A", "B"):  # later tests share the clusters
+            pid = kafka.pid(alias)
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGCONT)
+            else:
+                kafka.start(alias)
+    outcome.seconds = time.monotonic() - clock.started
+    return outcome
+
+
+def _run(
+    kafka: LocalKafka,
+    a: LocalCluster,
+    b: LocalCluster,
+    workdir: Path,
+    topic: str,
+    mode: Mode,
+    outcome: Outcome,
+    note: Callable[[str], None],
+) -> None:
+    remote = f"{a.alias}.{topic}"
+    rng = random.Random(outcome.seed)  # the zombie's pick among the nodes running tasks
+    create_topic(a, topic, PARTITIONS)
+    config = _config(workdir, a, b, topic, mode)
+    with NumberedProducer(a, topic, PARTITIONS, RATE) as producer, Nodes(config, NODES) as nodes:
+        note(f"{NODES} nodes started, tasks.max {TASKS}, {mode}; producing {RATE:.0f} records/s")
+        if not _wait(lambda: len(nodes.running_tasks()) == TASKS, START_TIMEOUT, nodes.check):
+            raise ScenarioError(
+                f"the {NODES} nodes did not run the flow's {TASKS} tasks within "
+                f"{START_TIMEOUT:.0f} s; statuses: "
+                + "; ".join(_flow_status(n) for n in nodes.slots)
+            )
+        note("every task RUNNING")
+        for fault in outcome.faults:
+            time.sleep(fault.gap_s)
+            nodes.check()
+            if fault.kind == "kill-node":
+                pid = nodes.slots[fault.node].proc.pid
+                tasks = sorted(t for t, n in nodes.running_tasks().items() if n.proc.pid == pid)
+                nodes.kill(fault.node)
+                note(f"kill -9 of node {fault.node} (pid {pid}, running tasks {tasks})")
+                time.sleep(fault.down_s)
+                nodes.restart(fault.node)
+                note(f"node {fault.node} started again (pid {nodes.slots[fault.node].proc.pid})")
+            elif fault.kind == "kill-target-broker":
+                kill_broker(kafka, b.alias)
+                note("kill -9 of B's broker")
+                time.sleep(fault.down_s)
+                kafka.start(b.alias, timeout=90)
+                note("B's broker answers again, on its data")
+            elif fault.kind == "stop-source-broker":
+                broker = kafka.pid(a.alias)
+                if broker is None:
+                    raise ScenarioError(f"A's broker is not running under {kafka.state_dir}")
+                with _continued([broker]):
+                    note(f"SIGSTOP of A's broker (pid {broker})")
+                    time.sleep(SOURCE_STOP_S)
+                note("SIGCONT of A's broker")
+            else:
+                _zombie(nodes, rng, note)
+        time.sleep(TAIL_S)  # the stream goes on after the last fault, as it would
+        nodes.check()
+        produced = producer.stop()
+        note(f"producer stopped: {sum(produced)} records")
+        coverage = _Coverage(b, remote)
+        try:
+            outcome.caught_up = _wait(lambda: coverage.covers(produced), CATCH_UP_S, nodes.check)
+        finally:
+            coverage.close()
+        note(f"target caught up: {outcome.caught_up}")
+        _source_check(a, topic, produced)
+        copies = _read_copies(b, remote)
+        outcome.per_partition = {p: count(produced[p], copies[p]) for p in range(PARTITIONS)}
+        note("remote topic read (read_committed) and counted")
+
+
+def _zombie(nodes: Nodes, rng: random.Random, note: Callable[[str], None]) -> None:
+    """Stop a node running tasks (and its task processes) until the others run them."""
+    running: dict[int, RunningDaemon] = {}
+
+    def some_running() -> bool:
+        running.clear()
+        running.update(nodes.running_tasks())
+        return bool(running)
+
+    _wait(some_running, 30, nodes.check)
+    owners = sorted({n.proc.pid for n in running.values()})
+    if not owners:
+        raise ScenarioError("no node runs a task: no zombie to make")
+    pid = rng.choice(owners)
+    zombie = next(n for n in nodes.slots if n.proc.pid == pid)
+    tasks = sorted(t for t, n in running.items() if n is zombie)
+    tree = process_tree(pid)
+    with _continued(tree):
+        stopped = time.monotonic()
+        note(f"SIGSTOP of node pid {pid} and its processes {tree[1:]} (running tasks {tasks})")
+        time.sleep(SESSION_S + 2)
+        moved = _wait(lambda: set(tasks) <= set(nodes.running_tasks(skip=zombie)), 45, nodes.check)
+        note(
+            f"tasks {tasks} RUNNING on other nodes: {moved}, "
+            f"{time.monotonic() - stopped:.1f} s after the SIGSTOP"
+        )
+    note(f"SIGCONT of node pid {pid}: a zombie")
