@@ -4,14 +4,15 @@ One confluent-kafka consumer reads the source partition `read_committed` from
 the range's start; one transactional producer writes each record to the same
 partition of the remote topic with its key, value, headers and timestamp.
 
-Records are written in transactions of at most `COMMIT_INTERVAL` seconds. After
-each commit the copier writes the transaction's offset syncs and then the
-partition's progress (the last offset it read; ``end - 1`` at the end of the
-range) to ``mm2-offsets.<source>.internal``, as the daemon does. So:
+Records are written in transactions of at most `COMMIT_INTERVAL` seconds, with the
+daemon's transactional machinery (mm2py.replication.transactions): each transaction
+also writes the partition's progress (the last offset it read; ``end - 1`` at the
+end of the range) to ``mm2-offsets.<source>.internal``, as the daemon's tasks do in
+exactly-once mode, and its offset syncs are written after it commits. So:
 
-- a copy that is killed or fails leaves only aborted records on the target,
-  which read_committed consumers never see, and a backfill run again continues
-  from the last commit: at most one transaction per partition is copied again;
+- a copy that is killed or fails leaves only aborted records (and progress) on the
+  target, which read_committed consumers never see, and a backfill run again
+  continues from the last commit: nothing is copied twice;
 - the transactional id is fixed per source partition, so a new attempt fences a
   zombie one and aborts what it left open (the remote partition's last stable
   offset is not held back until the transaction times out);
@@ -26,7 +27,6 @@ Nothing here imports Spark: the driver ships a `RangeTask` to `copy_range`.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,13 +39,12 @@ from mm2py.backfill.plan import OffsetRange, RangeResult
 from mm2py.kafka import clients
 from mm2py.kafka.consume import consume_batch
 from mm2py.kafka.produce import produce_when_room
-from mm2py.replication import client_settings
+from mm2py.replication import client_settings, transactions
 from mm2py.replication.client_settings import copy_settings
 from mm2py.replication.offset_syncs import OffsetSyncWriter, SyncRule
 from mm2py.replication.progress import ProgressStore
 
 log = logging.getLogger(__name__)
-_librdkafka_log = logging.getLogger("mm2py.librdkafka")
 
 BATCH_SIZE = 10_000
 POLL_TIMEOUT = 0.5
@@ -81,11 +80,8 @@ PRODUCER_TUNING: Mapping[str, Any] = {
     "queue.buffering.max.kbytes": 16384,
     "queue.buffering.max.messages": 200000,
 }
-# Order and exactly-once per transaction depend on these; cluster settings cannot change them.
-PRODUCER_REQUIRED: Mapping[str, Any] = {
-    **client_settings.PRODUCER_REQUIRED,
-    "transaction.timeout.ms": 300_000,
-}
+# A transaction waits up to FLUSH_TIMEOUT for its records to be acknowledged.
+TRANSACTION_TIMEOUT_MS = 300_000
 
 
 class RangeCopyError(RuntimeError):
@@ -164,24 +160,6 @@ class _Marks:
         return syncs
 
 
-class _TransactionLog:
-    """The transactional producer's log, watched for a failed transaction.
-
-    A record the target rejects fails the whole transaction, but librdkafka says so
-    only in its log (TXNERR) and leaves the records queued after it until they time
-    out: a flush or commit would wait minutes. So the copy stops at that line and
-    aborts, naming the target's reason. Every line still goes to Python logging.
-    """
-
-    def __init__(self) -> None:
-        self.failure: str | None = None
-
-    def log(self, level: int, fmt: str, *args: Any) -> None:
-        _librdkafka_log.log(level, fmt, *args)
-        if self.failure is None and len(args) == 3 and args[0] == "TXNERR":
-            self.failure = re.sub(r"^\[thrd:[^]]*\]: ", "", str(args[2]))
-
-
 @dataclass
 class _Position:
     """How far the copy of a range got."""
@@ -208,12 +186,7 @@ def copy_range(task: RangeTask, attempt: int = 0) -> RangeResult:
         task.progress_replication_factor,
     )
     position = _Position(r.start)
-    if attempt:
-        recorded = store.load().get(r.source_partition)
-        if recorded is not None:
-            position.next_offset = max(r.start, recorded + 1)
     marks = _Marks(task)
-    txn_log = _TransactionLog()
     consumer = clients.consumer(
         task.source_props,
         copy_settings(
@@ -223,41 +196,42 @@ def copy_range(task: RangeTask, attempt: int = 0) -> RangeResult:
             f"cluster {task.source_alias} consumer",
         ),
     )
-    producer = clients.producer(
+    producer, txn_log = transactions.transactional_producer(
         task.target_props,
-        {
-            **copy_settings(
-                task.target_props,
-                PRODUCER_TUNING,
-                PRODUCER_REQUIRED,
-                f"cluster {task.target_alias} producer",
-            ),
-            "transactional.id": task.transactional_id,
-            "logger": txn_log,
-        },
+        PRODUCER_TUNING,
+        f"cluster {task.target_alias} producer",
+        task.transactional_id,
+        timeout_ms=TRANSACTION_TIMEOUT_MS,
     )
     sync_writer = _SyncWriter(task)
     syncs_written = 0
     try:
-        producer.init_transactions(WRITE_TIMEOUT)
+        producer.init_transactions(WRITE_TIMEOUT)  # fences an earlier attempt
+        if attempt:
+            recorded = store.load(past_open_transactions=True).get(r.source_partition)
+            if recorded is not None:
+                position.next_offset = max(r.start, recorded + 1)
         if position.next_offset >= r.end:
             position.done = True
         consumer.assign([TopicPartition(r.topic, r.partition, position.next_offset)])
         while not position.done:
             producer.begin_transaction()
             _copy_records(task, consumer, producer, marks, position, txn_log)
-            _commit(task, producer, txn_log)
-            syncs = marks.committed(position.next_offset - 1, position.records - 1)
-            syncs_written += sync_writer.write(syncs)
             last_read = r.end - 1 if position.done else position.next_offset - 1
             if last_read >= r.start:
-                _write_progress(task, store, last_read)
+                store.write_in_transaction(producer, {r.source_partition: last_read})
+            transactions.commit(producer, txn_log, FLUSH_TIMEOUT, f"flow {task.flow}: copying {r}")
+            syncs = marks.committed(position.next_offset - 1, position.records - 1)
+            syncs_written += sync_writer.write(syncs)
     except KafkaException as exc:
-        _abort(producer, task)
+        transactions.abort(producer, f"flow {task.flow}: copying {r}", WRITE_TIMEOUT)
         reason = txn_log.failure or exc.args[0].str()
         raise RangeCopyError(f"flow {task.flow}: copying {r}: {reason}") from None
+    except transactions.TransactionFailed as exc:
+        transactions.abort(producer, f"flow {task.flow}: copying {r}", WRITE_TIMEOUT)
+        raise RangeCopyError(str(exc)) from None
     except BaseException:
-        _abort(producer, task)
+        transactions.abort(producer, f"flow {task.flow}: copying {r}", WRITE_TIMEOUT)
         raise
     finally:
         consumer.close()
@@ -280,7 +254,7 @@ def _copy_records(
     producer: Any,
     marks: _Marks,
     position: _Position,
-    txn_log: _TransactionLog,
+    txn_log: transactions.TransactionLog,
 ) -> None:
     """Produce committed records until the range's end or the commit interval is over."""
     r = task.range
@@ -360,40 +334,6 @@ def _copy_records(
         position.records, position.bytes = index, nbytes
 
 
-def _commit(task: RangeTask, producer: Any, txn_log: _TransactionLog) -> None:
-    """Commit once every record is acknowledged; fail with the target's reason if a
-    record was rejected."""
-    deadline = time.monotonic() + FLUSH_TIMEOUT
-    while True:
-        remaining = producer.flush(0.5)
-        if txn_log.failure is not None:
-            raise RangeCopyError(f"flow {task.flow}: copying {task.range}: {txn_log.failure}")
-        if remaining == 0:
-            break
-        if time.monotonic() > deadline:
-            raise RangeCopyError(
-                f"flow {task.flow}: copying {task.range}: {remaining} records not "
-                f"acknowledged by cluster {task.target_alias} after {FLUSH_TIMEOUT:.0f} s"
-            )
-    producer.commit_transaction(FLUSH_TIMEOUT)
-
-
-def _abort(producer: Any, task: RangeTask) -> None:
-    """Abort the open transaction, if there is one."""
-    try:
-        # Records stuck behind a rejected one would hold the abort up until they time
-        # out: drop them, and serve their delivery reports (the abort waits for those).
-        producer.purge()
-        producer.flush(5)
-        producer.abort_transaction(WRITE_TIMEOUT)
-    except KafkaException as exc:
-        err = exc.args[0]
-        if err.code() != KafkaError._STATE:  # _STATE: no transaction was open
-            # Read_committed consumers of the partition wait until the next attempt
-            # (or the transaction timeout) aborts it.
-            log.warning("flow %s: aborting the copy of %s: %s", task.flow, task.range, err.str())
-
-
 class _SyncWriter:
     """Writes a range's offset syncs after each commit and waits for them."""
 
@@ -420,15 +360,3 @@ class _SyncWriter:
                 f"syncs to {task.syncs_topic} failed: {reason}; run the backfill again"
             )
         return len(syncs)
-
-
-def _write_progress(task: RangeTask, store: ProgressStore, last_read: int) -> None:
-    written: dict[tuple[str, int], int] = {}
-    last_copied = {task.range.source_partition: last_read}
-    store.submit(last_copied, written.__setitem__)
-    if not store.flush(WRITE_TIMEOUT) or written != last_copied:
-        raise RangeCopyError(
-            f"flow {task.flow}: {task.range}: records were committed but writing progress to "
-            f"{task.progress_topic} on cluster {task.target_alias} failed; run the backfill "
-            "again (up to one transaction of records will be copied twice)"
-        )
