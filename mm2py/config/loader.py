@@ -9,6 +9,9 @@ Both formats become the same flat MM2 keys first, so they give the same model:
   clients (MM2's clusterProps), overridden by ``A.*``.
 - ``offset.storage.*``-style Connect worker keys may also be set on the target cluster
   (``B.offset.storage.replication.factor``); global ones win, as in MM2's workerConfig.
+- exactly-once keys (``B.exactly.once.source.support``, ``exactly.once.support``,
+  ``transaction.boundary``) resolve into each flow's ``exactly_once`` and
+  ``transaction_boundary_interval_ms`` (mm2py.config.exactly_once).
 """
 
 from __future__ import annotations
@@ -26,6 +29,17 @@ from pydantic import ValidationError
 from mm2py.compat.filters import PatternError
 from mm2py.config.client_props import to_librdkafka
 from mm2py.config.errors import ConfigError
+from mm2py.config.exactly_once import (
+    BOUNDARY_KEY,
+    INTERVAL_KEY,
+    LEVEL_KEY,
+    SUPPORT_KEY,
+    Setting,
+    boundary_interval_ms,
+    parse_word,
+    resolve,
+)
+from mm2py.config.exactly_once import KEYS as EXACTLY_ONCE_KEYS
 from mm2py.config.listeners import rest_address
 from mm2py.config.loops import check_identity_loops
 from mm2py.config.models import (
@@ -41,7 +55,7 @@ from mm2py.config.models import (
     parse_list,
 )
 from mm2py.config.properties import decode, parse_properties
-from mm2py.config.unsupported import EXACTLY_ONCE_KEYS, MM2_ONLY, NOT_HONOURED, exactly_once
+from mm2py.config.unsupported import MM2_ONLY, NOT_HONOURED
 from mm2py.config.yaml_loader import parse_yaml
 
 log = logging.getLogger(__name__)
@@ -144,6 +158,8 @@ class _Builder:
         self.places: dict[str, list[tuple[str, object]]] = {}
         # Said once per load after a successful build: (level, reason) -> shown keys.
         self.notes: dict[tuple[int, str], list[str]] = {}
+        # Exactly-once keys by (scope, key): scope "" (global), "B" or "A->B".
+        self.exactly_once: dict[tuple[str, str], Setting] = {}
 
     def fail(self, key: str | None, message: str) -> NoReturn:
         raise ConfigError(self.path, key, message)
@@ -218,7 +234,7 @@ class _Builder:
         elif key in _JAVA_CLASSES:
             self.check_class(key, key, value)
         elif key in EXACTLY_ONCE_KEYS:
-            self.check_exactly_once(key, key, value)
+            self.set_exactly_once("", key, key, value)
         elif alias := self.alias_prefix(key):
             self.sort_cluster_key(alias, key[len(alias) + 1 :], value)
         elif _is_common_client_key(key):
@@ -251,7 +267,7 @@ class _Builder:
         elif sub in _JAVA_CLASSES:
             self.check_class(sub, key, value)
         elif sub in EXACTLY_ONCE_KEYS:
-            self.check_exactly_once(sub, key, value)
+            self.set_exactly_once(f"{source}->{target}", sub, key, value)
         elif sub.split(".")[0] in _ROLES:
             self.unknown(
                 key,
@@ -268,10 +284,10 @@ class _Builder:
         elif sub in WORKER_KEYS:
             raw.worker[sub] = value
             self.places.setdefault(sub, []).append((f"{alias}.{sub}", value))
-        elif sub in EXACTLY_ONCE_KEYS:
+        elif sub in (SUPPORT_KEY, LEVEL_KEY):
             # MM2's documented form: B.exactly.once.source.support for flows into B.
-            self.check_exactly_once(sub, f"{alias}.{sub}", value)
-        elif sub in FLOW_KEYS or sub == "enabled":
+            self.set_exactly_once(alias, sub, f"{alias}.{sub}", value)
+        elif sub in FLOW_KEYS or sub in ("enabled", BOUNDARY_KEY):
             # MM2 has no per-cluster flow settings; it would pass this to A's clients.
             self.unknown(
                 f"{alias}.{sub}",
@@ -307,14 +323,73 @@ class _Builder:
         if str(value).strip() not in (default, default.rsplit(".", 1)[1]):
             self.fail(shown, f"custom Java classes are not supported; remove it to use {default}")
 
-    def check_exactly_once(self, key: str, shown: str, value: object) -> None:
-        """Refuse a request for exactly-once; note one that settles for at-least-once."""
-        judged = exactly_once(key, value)
-        if judged.verdict in ("refuse", "invalid"):
-            got = f" (got {value!r})" if judged.verdict == "invalid" else ""
-            self.fail(shown, judged.message + got)
-        if judged.verdict == "warn":
-            self.notes.setdefault((logging.WARNING, judged.message), []).append(shown)
+    def set_exactly_once(self, scope: str, key: str, shown: str, value: object) -> None:
+        """Keep an exactly-once key (one of EXACTLY_ONCE_KEYS) set in `scope`; a bad value fails."""
+        try:
+            word = parse_word(key, value)
+        except ValueError as exc:
+            got = f" (got {value!r})" if str(exc).startswith("expected") else ""
+            self.fail(shown, f"{exc}{got}")
+        self.exactly_once[(scope, key)] = Setting(word, shown)
+        if word == "preparing":
+            reason = "preparing: copies at-least-once, as MM2 does while preparing; set enabled"
+            self.notes.setdefault((logging.INFO, reason + " for exactly-once"), []).append(shown)
+
+    def exactly_once_setting(self, key: str, source: str, target: str) -> Setting | None:
+        """Where `key` is set for source->target: the flow's, the target's, the global one."""
+        for scope in (f"{source}->{target}", target, ""):
+            if (scope, key) in self.exactly_once:
+                return self.exactly_once[(scope, key)]
+        return None
+
+    def source_isolation(self, source: str) -> Setting | None:
+        """The isolation.level the source's consumer is configured with, if any."""
+        raw = self.clusters[source]
+        for props, shown in (
+            (raw.roles["consumer"], f"{source}.consumer.isolation.level"),
+            (raw.common, f"{source}.isolation.level"),
+        ):
+            if "isolation.level" in props:
+                return Setting(props["isolation.level"].strip().lower(), shown)
+        return None
+
+    def resolve_exactly_once(
+        self, source: str, target: str, enabled: bool, settings: FlowSettings, shown: dict[str, str]
+    ) -> FlowSettings:
+        """`settings` with the flow's exactly-once mode and commit interval; a flow that
+        replicates and cannot have the exactly-once it requires fails the load."""
+        name = f"{source}->{target}"
+        resolved = resolve(
+            name,
+            target,
+            self.exactly_once_setting(SUPPORT_KEY, source, target),
+            self.exactly_once_setting(LEVEL_KEY, source, target),
+            self.source_isolation(source),
+        )
+        boundary = self.exactly_once_setting(BOUNDARY_KEY, source, target)
+        interval = boundary_interval_ms(boundary, settings.transaction_boundary_interval_ms)
+        if enabled:
+            if resolved.error is not None:
+                self.fail(resolved.error.key, resolved.error.message)
+            if resolved.warning is not None:
+                note = (logging.WARNING, resolved.warning.message)
+                self.notes.setdefault(note, []).append(resolved.warning.key)
+            if boundary is not None and interval == 0 and INTERVAL_KEY in shown:
+                reason = (
+                    f"ignored: {boundary.shown} = poll commits a transaction after every batch;"
+                    f" set it to interval to commit every {INTERVAL_KEY}"
+                )
+                self.notes.setdefault((logging.WARNING, reason), []).append(shown[INTERVAL_KEY])
+        update = {
+            "exactly_once": resolved.mode,
+            "exactly_once_key": resolved.key,
+            "transaction_boundary_interval_ms": interval,
+        }
+        # Resolved values, not keys the user set: kept out of model_fields_set, which
+        # says what the config file set (the Connect API shows those).
+        return FlowSettings.model_construct(
+            settings.model_fields_set, **{**dict(settings), **update}
+        )
 
     def note_unused(self) -> None:
         """Note the keys mm2py accepts without acting on them (see config.unsupported)."""
@@ -356,6 +431,7 @@ class _Builder:
             is_enabled = parse_bool(enabled) if enabled is not None else False
         except ValueError as exc:
             self.fail(enabled_key, f"{exc} (got {enabled!r})")
+        settings = self.resolve_exactly_once(source, target, is_enabled, settings, shown)
         separator = settings.replication_policy_separator
         for alias in (source, target):
             if separator in alias:

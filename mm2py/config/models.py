@@ -30,6 +30,12 @@ from mm2py.compat.filters import (
 from mm2py.config.errors import ConfigError
 
 ClientRole = Literal["consumer", "producer", "admin"]
+# How a flow copies: at-least-once ("off") or exactly-once, as asked by exactly.once.support.
+ExactlyOnceMode = Literal["off", "requested", "required"]
+# How often a task commits its transaction unless transaction.boundary(.interval.ms) says:
+# the latency a read_committed reader waits against the cost of a commit (mm2py's default;
+# Connect's is a transaction per batch, transaction.boundary = poll).
+DEFAULT_TRANSACTION_INTERVAL_MS = 100
 ClientValue = str | SecretStr
 PeriodicTask = Literal[
     "refresh.topics",
@@ -249,6 +255,17 @@ class FlowSettings(BaseModel):
     # mm2py's own: also export MM2's metrics under the names the Prometheus JMX exporter
     # gives them (README, Metrics); per partition, so off unless asked.
     metrics_mm2_names_enabled: Bool = Field(False, alias="metrics.mm2.names.enabled")
+
+    # Exactly-once (mm2py.config.exactly_once), resolved by the loader from MM2's keys:
+    # "off" unless the target's exactly.once.source.support is enabled; no key of its own.
+    exactly_once: ExactlyOnceMode = "off"
+    # The exactly.once.support key as written where it was set (A->B.exactly.once.support),
+    # for the messages that name it.
+    exactly_once_key: str = "exactly.once.support"
+    # Connect's key; 0 with transaction.boundary = poll (a transaction per batch).
+    transaction_boundary_interval_ms: Count = Field(
+        DEFAULT_TRANSACTION_INTERVAL_MS, alias="transaction.boundary.interval.ms"
+    )
 
     heartbeats_topic_replication_factor: CountOrBrokerDefault = Field(
         3, alias="heartbeats.topic.replication.factor"

@@ -26,10 +26,11 @@ BAD_PROPERTIES = {
     "unknown-policy": ("replication.policy.class = com.example.Mine\n", "replication.policy.class"),
     "wrong-type": ("replication.factor = many\n", "replication.factor"),
     "bad-location": ("offset-syncs.topic.location = nowhere\n", "offset-syncs.topic.location"),
-    # Exactly-once is refused until mm2py provides it; nothing runs at-least-once instead.
-    "exactly-once-source-support": (
-        "B.exactly.once.source.support = enabled\n",
-        "B.exactly.once.source.support",
+    # Exactly-once required where it cannot be had; nothing runs at-least-once instead.
+    "exactly-once-read-uncommitted": (
+        "B.exactly.once.source.support = enabled\nA->B.exactly.once.support = required\n"
+        "A.consumer.isolation.level = read_uncommitted\n",
+        "A.consumer.isolation.level",
     ),
     "exactly-once-required": (
         "A->B.exactly.once.support = required\n",

@@ -81,15 +81,33 @@ BAD_PROPERTIES = [
     ("negative-lag", PROPS + "offset.lag.max = -1\n", "offset.lag.max", "at least 0"),
     ("missing-flow-key", PROPS + "A->B = x\n", "A->B", "missing setting name"),
     ("admin-timeout-0", PROPS + "admin.timeout.ms = 0\n", "admin.timeout.ms", "at least 1"),
-    # Exactly-once is refused until mm2py provides it, in every place it can be asked for.
-    ("eos-source-support", PROPS + "B.exactly.once.source.support = enabled\n",
-     "B.exactly.once.source.support", "enabled asks for exactly-once delivery"),
-    ("eos-source-support-global", PROPS + "exactly.once.source.support = Enabled\n",
-     "exactly.once.source.support", "set it to disabled"),
+    # Exactly-once required where it cannot be had: the key that requires it, what to set.
     ("eos-required", PROPS + "exactly.once.support = required\n", "exactly.once.support",
-     "required asks for exactly-once delivery"),
+     "required, but exactly-once is not enabled for flows into B"
+     " (B.exactly.once.source.support is not set (disabled)); set"
+     " B.exactly.once.source.support = enabled, or exactly.once.support = requested"),
     ("eos-required-per-flow", PROPS + "A->B.exactly.once.support = REQUIRED \n",
-     "A->B.exactly.once.support", "set it to requested"),
+     "A->B.exactly.once.support", "or A->B.exactly.once.support = requested to copy"),
+    ("eos-required-preparing", PROPS + "B.exactly.once.source.support = preparing\n"
+     "exactly.once.support = required\n", "exactly.once.support",
+     "(B.exactly.once.source.support is preparing)"),
+    ("eos-required-flow-disables", PROPS + "exactly.once.source.support = enabled\n"
+     "A->B.exactly.once.source.support = disabled\nB.exactly.once.support = required\n",
+     "B.exactly.once.support", "(A->B.exactly.once.source.support is disabled)"),
+    ("eos-required-read-uncommitted", PROPS + "B.exactly.once.source.support = enabled\n"
+     "A->B.exactly.once.support = required\nA.consumer.isolation.level = read_uncommitted\n",
+     "A.consumer.isolation.level", "read_uncommitted: exactly-once"
+     " (A->B.exactly.once.support = required for A->B) needs the source read with"
+     " read_committed"),
+    ("eos-required-read-uncommitted-common", PROPS + "exactly.once.source.support = enabled\n"
+     "exactly.once.support = required\nA.isolation.level = READ_UNCOMMITTED\n",
+     "A.isolation.level", "remove the key or set read_committed"),
+    ("eos-boundary-connector", PROPS + "transaction.boundary = Connector\n",
+     "transaction.boundary", "MM2's connectors define no transaction boundaries"),
+    ("eos-boundary-bad-value", PROPS + "A->B.transaction.boundary = batch\n",
+     "A->B.transaction.boundary", "expected poll or interval (got 'batch')"),
+    ("eos-interval-negative", PROPS + "A->B.transaction.boundary.interval.ms = -1\n",
+     "A->B.transaction.boundary.interval.ms", "at least 0"),
     ("eos-bad-value", PROPS + "B.exactly.once.source.support = on\n",
      "B.exactly.once.source.support", "expected disabled, preparing or enabled (got 'on')"),
     ("eos-support-bad-value", PROPS + "exactly.once.support = yes\n", "exactly.once.support",
@@ -124,12 +142,13 @@ BAD_YAML = [
      "expected an integer"),
     ("missing-bootstrap", YAML + "  C:\n    producer: {linger.ms: 1}\n", "C.bootstrap.servers",
      "missing"),
-    ("eos-on-cluster", YAML + "    exactly.once.source.support: enabled\n",
-     "B.exactly.once.source.support", "asks for exactly-once delivery"),
-    ("eos-per-flow", YAML + "A->B:\n  exactly.once.support: required\n",
-     "A->B.exactly.once.support", "asks for exactly-once delivery"),
-    ("eos-global", YAML + "exactly.once.support: required\n", "exactly.once.support",
-     "asks for exactly-once delivery"),
+    ("eos-on-cluster", YAML + "    exactly.once.source.support: preparing\n"
+     "exactly.once.support: required\nA->B: {enabled: true}\n", "exactly.once.support",
+     "(B.exactly.once.source.support is preparing)"),
+    ("eos-per-flow", YAML + "A->B:\n  enabled: true\n  exactly.once.support: required\n",
+     "A->B.exactly.once.support", "required, but exactly-once is not enabled for flows into B"),
+    ("eos-boundary-on-cluster", YAML + "    transaction.boundary: poll\n",
+     "B.transaction.boundary", "cannot be set per cluster"),
     ("unicode-property-in-class", YAML + "topics: '[a[^b]&&\\p{InGreek}]'\n",
      "topics", "the Unicode property \\p{InGreek}"),
 ]  # fmt: skip

@@ -1,8 +1,9 @@
-"""Every key mm2py accepts is honoured or said once to be ignored; exactly-once is refused.
+"""Every key mm2py accepts is honoured or said once to be ignored; exactly-once as MM2's.
 
 One log line per key and load, naming the file and every place the key is set, never
-a value; a config that asks for exactly-once fails to load (ConfigError) and says
-nothing else.
+a value; exactly-once runs where the target enables it, a flow that settles for
+at-least-once says why once, and a config that requires what it cannot have fails to
+load (ConfigError) and says nothing else.
 """
 
 from __future__ import annotations
@@ -106,36 +107,76 @@ def test_timeouts_and_progress_partitions_are_typed_with_mm2s_defaults(tmp_path:
 # --- exactly-once ---
 
 
-def test_requested_exactly_once_runs_at_least_once_with_one_warning(
+def test_requested_without_enabled_support_copies_at_least_once_and_says_nothing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # requested is Connect's default: without B.exactly.once.source.support = enabled,
+    # MM2 copies at-least-once and says nothing either.
     text = (
         BASE
         + "exactly.once.support = requested\nA->B.exactly.once.support = Requested\n"
         + "B.exactly.once.source.support = disabled\n"
     )
     with caplog.at_level(logging.INFO):
-        path, _ = load(tmp_path, text)
-    assert lines(caplog) == [
-        f"{path}: exactly.once.support, A->B.exactly.once.support: requested: mm2py copies"
-        " at-least-once; exactly-once delivery is not available in mm2py yet"
+        _, config = load(tmp_path, text)
+    assert caplog.records == []
+    assert [f.settings.exactly_once for f in config.flows] == ["off", "off"]
+
+
+def test_enabled_support_turns_exactly_once_on_for_the_flows_into_that_cluster_only(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    text = (
+        BASE + "A->B.enabled = true\nB->A.enabled = true\nB.exactly.once.source.support = Enabled\n"
+    )
+    with caplog.at_level(logging.INFO):
+        _, config = load(tmp_path, text)
+    assert caplog.records == []
+    ab, ba = config.flow("A", "B").settings, config.flow("B", "A").settings
+    assert (ab.exactly_once, ab.exactly_once_key) == ("requested", "exactly.once.support")
+    assert ba.exactly_once == "off"
+
+
+def test_preparing_copies_at_least_once_with_one_note(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    text = BASE + "A->B.enabled = true\nB.exactly.once.source.support = preparing\n"
+    with caplog.at_level(logging.INFO):
+        path, config = load(tmp_path, text)
+    assert lines(caplog) == []  # nothing to warn about: MM2 does the same while preparing
+    assert lines(caplog, logging.INFO) == [
+        f"{path}: B.exactly.once.source.support: preparing: copies at-least-once, as MM2 does"
+        " while preparing; set enabled for exactly-once"
     ]
+    assert config.flow("A", "B").settings.exactly_once == "off"
 
 
-def test_preparing_exactly_once_is_warned(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING):
-        path, _ = load(tmp_path, BASE + "B.exactly.once.source.support = preparing\n")
-    [line] = lines(caplog)
-    assert line.startswith(f"{path}: B.exactly.once.source.support: preparing: mm2py copies")
+def test_requested_with_a_read_uncommitted_source_warns_once_and_copies_at_least_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    text = (
+        BASE
+        + "A->B.enabled = true\nB.exactly.once.source.support = enabled\n"
+        + "A.consumer.isolation.level = read_uncommitted\nA.sasl.password = Not-In-Any-Line\n"
+    )
+    with caplog.at_level(logging.INFO):
+        path, config = load(tmp_path, text)
+    assert lines(caplog) == [
+        f"{path}: A.consumer.isolation.level: read_uncommitted: A->B copies at-least-once"
+        " although B.exactly.once.source.support = enabled: exactly-once needs the source"
+        " read with read_committed, as in MM2; remove the key or set read_committed"
+    ]
+    assert config.flow("A", "B").settings.exactly_once == "off"
+    assert "Not-In-Any-Line" not in caplog.text
 
 
 def test_a_refused_config_says_only_why(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    text = BASE + "tasks.max = 4\nexactly.once.support = requested\n"
+    text = BASE + "tasks.max = 4\nA->B.enabled = true\nexactly.once.support = required\n"
     path = tmp_path / "mm2.properties"
-    path.write_text(text + "B.exactly.once.source.support = enabled\n", encoding="utf-8")
+    path.write_text(text + "B.exactly.once.source.support = preparing\n", encoding="utf-8")
     with caplog.at_level(logging.INFO), pytest.raises(ConfigError) as err:
         load_config(path)
-    assert str(err.value).startswith(f"{path}: B.exactly.once.source.support: enabled asks")
+    assert str(err.value).startswith(f"{path}: exactly.once.support: required, but exactly-once")
     assert caplog.records == []
 
 

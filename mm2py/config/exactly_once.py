@@ -1,0 +1,146 @@
+"""Exactly-once, as MM2 configures it: which flows copy exactly-once, and how often they commit.
+
+MM2's keys (Kafka Connect's, KIP-618), with MM2's meaning:
+
+- ``<target>.exactly.once.source.support`` = disabled | preparing | enabled
+  (DistributedConfig, default disabled): a worker setting of the cluster the flows
+  write into; ``enabled`` turns exactly-once on for every flow into it, ``preparing``
+  copies at-least-once (MM2 prepares its workers for a rolling upgrade). mm2py also
+  takes it globally and as ``A->B.``.
+- ``exactly.once.support`` = requested | required (SourceConnectorConfig, default
+  requested; global or ``A->B.``; ``B.`` too, for flows into B). ``required`` makes a
+  flow that cannot copy exactly-once a configuration error rather than at-least-once.
+- ``transaction.boundary`` = poll | interval | connector (global or ``A->B.``): poll
+  commits after every batch read (interval 0), interval every
+  ``transaction.boundary.interval.ms``; connector is refused, as Connect refuses it
+  for MirrorSourceConnector (it defines no boundaries). Unset: the interval, whose
+  mm2py default is models.DEFAULT_TRANSACTION_INTERVAL_MS (Connect's default is poll;
+  a transaction per batch costs mm2py throughput for no gain in what a reader sees).
+
+Where a key is set in several places the most specific wins: ``A->B.``, then ``B.``,
+then global. The source consumer must read committed records, as MM2's
+MirrorSourceConnector.exactlyOnceSupport says: ``A.consumer.isolation.level`` (or
+``A.isolation.level``) = read_uncommitted makes exactly-once unavailable for flows
+from A. Everything here is pure: the loader reads the keys and raises or logs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mm2py.config.models import ExactlyOnceMode
+
+SUPPORT_KEY = "exactly.once.source.support"
+LEVEL_KEY = "exactly.once.support"
+BOUNDARY_KEY = "transaction.boundary"
+INTERVAL_KEY = "transaction.boundary.interval.ms"  # a FlowSettings field
+KEYS = (SUPPORT_KEY, LEVEL_KEY, BOUNDARY_KEY)
+
+_ALLOWED = {
+    SUPPORT_KEY: ("disabled", "preparing", "enabled"),
+    LEVEL_KEY: ("requested", "required"),
+    BOUNDARY_KEY: ("poll", "interval"),
+}
+
+
+def parse_word(key: str, value: object) -> str:
+    """The value of one of KEYS in lower case (Connect's CaseInsensitiveValidString);
+    ValueError saying what is allowed, or why ``transaction.boundary = connector`` is not."""
+    allowed = _ALLOWED[key]
+    word = value.strip().lower() if isinstance(value, str) else ""
+    if key == BOUNDARY_KEY and word == "connector":
+        raise ValueError(
+            "connector: MM2's connectors define no transaction boundaries (Connect refuses"
+            " it for MirrorSourceConnector); use poll or interval"
+        )
+    if word not in allowed:
+        raise ValueError(f"expected {', '.join(allowed[:-1])} or {allowed[-1]}")
+    return word
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A key's value (lower case) and where it was set, as written
+    (``A->B.exactly.once.support``)."""
+
+    value: str
+    shown: str
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What to say about a key: an error (the flow cannot run) or a warning."""
+
+    key: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A flow's exactly-once mode, and the key that asked for it (for later messages)."""
+
+    mode: ExactlyOnceMode
+    key: str
+    error: Problem | None = None
+    warning: Problem | None = None
+
+
+def resolve(
+    flow: str,
+    target: str,
+    support: Setting | None,
+    level: Setting | None,
+    isolation: Setting | None,
+) -> Resolved:
+    """The mode of ``flow`` (``A->B``) into ``target``: off unless ``support`` is enabled.
+
+    ``isolation`` is the source consumer's isolation.level, where set. An error for
+    ``required`` when exactly-once cannot be had; a warning when ``requested`` settles
+    for at-least-once because of the source's isolation level.
+    """
+    wanted = level.value if level else "requested"
+    key = level.shown if level else LEVEL_KEY
+    support_key = support.shown if support else f"{target}.{SUPPORT_KEY}"
+    if support is None or support.value != "enabled":
+        if wanted == "required":
+            now = f"is {support.value}" if support else "is not set (disabled)"
+            return Resolved(
+                "off",
+                key,
+                error=Problem(
+                    key,
+                    f"required, but exactly-once is not enabled for flows into {target}"
+                    f" ({support_key} {now}); set {target}.{SUPPORT_KEY} = enabled, or"
+                    f" {key} = requested to copy at-least-once",
+                ),
+            )
+        return Resolved("off", key)
+    if isolation is not None and isolation.value == "read_uncommitted":
+        if wanted == "required":
+            return Resolved(
+                "off",
+                key,
+                error=Problem(
+                    isolation.shown,
+                    f"read_uncommitted: exactly-once ({key} = required for {flow}) needs the"
+                    " source read with read_committed, as in MM2; remove the key or set"
+                    " read_committed",
+                ),
+            )
+        return Resolved(
+            "off",
+            key,
+            warning=Problem(
+                isolation.shown,
+                f"read_uncommitted: {flow} copies at-least-once although {support_key} ="
+                " enabled: exactly-once needs the source read with read_committed, as in MM2;"
+                " remove the key or set read_committed",
+            ),
+        )
+    return Resolved("required" if wanted == "required" else "requested", key)
+
+
+def boundary_interval_ms(boundary: Setting | None, interval_ms: int) -> int:
+    """How often a task commits its transaction, in ms: 0 (after every batch) for
+    ``transaction.boundary = poll``, else ``interval_ms``."""
+    return 0 if boundary is not None and boundary.value == "poll" else interval_ms
