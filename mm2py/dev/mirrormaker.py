@@ -29,6 +29,12 @@ Observed with Kafka 4.1.1 on the local single-node clusters (2 cores):
   null "exception" also makes log4j complain on stdout). The configs do arrive:
   ``retention.ms`` set on the source shows up on the remote topic within a second.
 
+- In exactly-once mode (:func:`exactly_once_settings`) the source task's producer has
+  ``transactional.id = A-mm2-MirrorSourceConnector-0`` (the heartbeat task's
+  ``A-mm2-MirrorHeartbeatConnector-0``, the leader's config writer
+  ``connect-cluster-A-mm2``) and MM2 still replicates ~4 s after launch; a graceful
+  stop commits the open transaction, records and progress together.
+
 Two MM2 processes with the same source alias and target cluster join the same
 Connect group and share internal topics, which without internal REST breaks both.
 :class:`RealMirrorMaker` therefore holds a per-(target, worker group) file lock while
@@ -44,6 +50,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -134,6 +141,42 @@ def mm2_properties(
         else:
             props[key] = value
     return props
+
+
+def exactly_once_settings(
+    source_alias: str, target_alias: str, rest_port: int | None = None
+) -> dict[str, str]:
+    """The keys that make MM2 copy `source_alias` -> `target_alias` exactly once (KIP-618),
+    as overrides for :func:`mm2_properties`; mm2py reads the same keys in the same file.
+
+    - ``<target>.exactly.once.source.support = enabled``: a worker key, so it takes the
+      target cluster's prefix (MirrorMakerConfig.workerConfig). The herder then writes
+      records and their source offsets (``mm2-offsets.<source>.internal``) in one
+      transaction per task, transactional id ``<source>-mm2-MirrorSourceConnector-<task>``,
+      and fences the previous task generation before starting a new one.
+    - ``<source>.consumer.isolation.level = read_committed``: MirrorSourceConnector
+      declares exactly-once support only for a read_committed source consumer; Java's
+      default (read_uncommitted) would copy aborted source records, and commit them.
+    - ``dedicated.mode.enable.internal.rest = true`` with a ``listeners`` URL (KIP-710):
+      the zombie fencing a follower asks of the leader goes over Connect's internal REST
+      API, which dedicated mode otherwise does not start. One node fences locally, but
+      this is the documented setup. mm2py serves its own REST API on that listener unless
+      given ``--listen``.
+    """
+    port = rest_port if rest_port is not None else _free_port()
+    return {
+        f"{target_alias}.exactly.once.source.support": "enabled",
+        f"{source_alias}.consumer.isolation.level": "read_committed",
+        "dedicated.mode.enable.internal.rest": "true",
+        "listeners": f"http://127.0.0.1:{port}",
+    }
+
+
+def _free_port() -> int:
+    # mm2py.dev.connect has one too, but it imports this module.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def render_properties(props: Mapping[str, str]) -> str:

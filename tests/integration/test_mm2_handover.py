@@ -3,17 +3,32 @@
 Both read and write progress in `mm2-offsets.A.internal` on B, so a flow that
 MM2 half replicated is finished by mm2py with no gap and no re-copy, and the
 other way round — on the very same mm2.properties file.
+
+The exactly-once hand-overs run MM2 with ``B.exactly.once.source.support = enabled``
+(its records and progress in one transaction) while a producer keeps writing to A,
+plain records and transactions of which every third is aborted: a read_committed
+reader of the remote topic must see exactly the committed source records, in order.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any, Literal
 
 import pytest
+from confluent_kafka import Producer
 
 from mm2py.dev.launcher import LocalCluster
-from mm2py.dev.mirrormaker import RealMirrorMaker, mm2_properties, render_properties
+from mm2py.dev.mirrormaker import (
+    RealMirrorMaker,
+    exactly_once_settings,
+    mm2_properties,
+    render_properties,
+)
+from mm2py.kafka import clients
 from tests.daemon_harness import running_daemon
 from tests.kafka_helpers import (
     RECENT_MS,
@@ -102,3 +117,193 @@ def test_mirrormaker2_continues_where_mm2py_stopped(
     produce(cluster_a, unique, _batch(HALF))
     with RealMirrorMaker(config, tmp_path / "mm2"):
         _assert_exact_copy(cluster_a, cluster_b, unique)
+
+
+# ------------------------------------------------- exactly-once, under live traffic
+
+
+class LiveProducer:
+    """Numbered records into `topic` on A until stopped, in rounds: a transaction of
+    three records a partition (every third round's aborted), then one plain record a
+    partition from an idempotent producer. Values are unique, timestamps recent."""
+
+    def __init__(self, cluster: LocalCluster, topic: str) -> None:
+        self.cluster = cluster
+        self.topic = topic
+        self.committed = 0  # records of committed transactions and plain records
+        self.aborted = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"produce {topic}", daemon=True)
+
+    def __enter__(self) -> LiveProducer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+        assert not self._thread.is_alive(), "the live producer did not stop"
+        if self.error is not None:
+            raise AssertionError(f"the live producer failed: {self.error!r}")
+
+    def wait_committed(self, count: int) -> None:
+        wait_until(lambda: self.committed >= count or self.error, what=f"{count} produced")
+
+    def _record(self, n: int) -> dict[str, Any]:
+        return {
+            "partition": n % PARTITIONS,
+            "key": f"k{n}".encode(),
+            "value": f"v{n}".encode(),
+            "headers": [("n", str(n).encode())],
+            "timestamp": RECENT_MS + n,
+        }
+
+    def _run(self) -> None:
+        props = self.cluster.client_properties()
+        tx = Producer(dict(props, **{"transactional.id": f"live-{self.topic}", "linger.ms": 5}))
+        plain = clients.producer(props, {"linger.ms": 5, "enable.idempotence": True})
+        n = 0
+        try:
+            tx.init_transactions(30)
+            for round_ in range(1_000_000):
+                if self._stop.is_set():
+                    break
+                tx.begin_transaction()
+                for _ in range(3 * PARTITIONS):
+                    tx.produce(self.topic, **self._record(n))
+                    n += 1
+                if round_ % 3 == 1:
+                    tx.abort_transaction(30)
+                    self.aborted += 3 * PARTITIONS
+                else:
+                    tx.commit_transaction(30)
+                    self.committed += 3 * PARTITIONS
+                for _ in range(PARTITIONS):
+                    plain.produce(self.topic, **self._record(n))
+                    n += 1
+                assert plain.flush(30) == 0, "plain records not acknowledged"
+                self.committed += PARTITIONS
+                time.sleep(0.02)
+        except BaseException as exc:  # reported by stop()
+            self.error = exc
+
+
+def _committed_count(cluster: LocalCluster, topic: str) -> int:
+    try:
+        return len(read_all(cluster, topic))  # read_committed, up to the stable offset
+    except Exception:  # not created yet
+        return 0
+
+
+def _assert_exactly_once_copy(a: LocalCluster, b: LocalCluster, topic: str) -> None:
+    """Once production stopped: B's remote topic, read read_committed, has every committed
+    record of A's topic exactly once, in order per partition (nothing aborted)."""
+    remote = f"A.{topic}"
+    source = read_all(a, topic)
+    wait_until(
+        lambda: _committed_count(b, remote) >= len(source),
+        timeout=120,
+        interval=1.0,
+        what=f"{len(source)} committed records in {remote}",
+    )
+    copied = read_all(b, remote)
+    values = [r.value for r in copied]
+    repeated = len(values) - len(set(values))
+    assert repeated == 0, f"{repeated} records twice in {remote} (read_committed)"
+    assert len(copied) == len(source)
+    assert _per_partition(copied) == _per_partition(source)
+
+
+Mode = Literal["at-least-once", "exactly-once"]
+
+
+def _eos_configs(
+    tmp_path: Path, a: LocalCluster, b: LocalCluster, topic: str, mm2py_mode: Mode
+) -> tuple[Path, Path]:
+    """(MM2's file, mm2py's file): MM2's asks for exactly-once; mm2py runs the very same
+    file in exactly-once mode, else that file without the exactly-once keys."""
+    eos = exactly_once_settings("A", "B")
+    props = mm2_properties("A", a.bootstrap_servers, "B", b.bootstrap_servers, topic, **eos)
+    mm2 = tmp_path / "mm2-eos.properties"
+    mm2.write_text(render_properties(props))
+    if mm2py_mode == "exactly-once":
+        return mm2, mm2
+    plain = {k: v for k, v in props.items() if k != "B.exactly.once.source.support"}
+    mine = tmp_path / "mm2py.properties"
+    mine.write_text(render_properties(plain))
+    return mm2, mine
+
+
+MM2PY_MODES: list[Mode] = ["at-least-once"]
+# MM2 copies in transactions: its source task's producer (Connect's id for it,
+# <worker group>-<connector>-<task>) is transactional.
+MM2_TRANSACTIONAL = "transactional.id = A-mm2-MirrorSourceConnector-0"
+
+
+@pytest.mark.parametrize("mm2py_mode", MM2PY_MODES)
+def test_mm2py_continues_where_mirrormaker2_in_exactly_once_mode_stopped(
+    cluster_a: LocalCluster,
+    cluster_b: LocalCluster,
+    unique: str,
+    tmp_path: Path,
+    mm2py_mode: Mode,
+) -> None:
+    create_topic(cluster_a, unique, partitions=PARTITIONS)
+    mm2_config, mm2py_config = _eos_configs(tmp_path, cluster_a, cluster_b, unique, mm2py_mode)
+    remote = f"A.{unique}"
+    with LiveProducer(cluster_a, unique) as producer:
+        producer.wait_committed(200)
+        with RealMirrorMaker(mm2_config, tmp_path / "mm2") as mm2:
+            mm2.wait_replicating(unique)
+            mm2.wait_for_log(MM2_TRANSACTIONAL, timeout=5)
+            wait_until(lambda: _committed_count(cluster_b, remote) >= 200, timeout=90)
+            mm2.stop()
+        handed_over = _committed_count(cluster_b, remote)
+        with running_daemon(mm2py_config) as daemon:
+            wait_until(
+                lambda: _committed_count(cluster_b, remote) >= handed_over + 200,
+                timeout=90,
+                what="mm2py copying after MM2",
+            )
+            producer.stop()
+            assert producer.aborted > 0
+            _assert_exactly_once_copy(cluster_a, cluster_b, unique)
+            assert daemon.stop()[0] == 0
+
+
+@pytest.mark.parametrize("mm2py_mode", MM2PY_MODES)
+def test_mirrormaker2_in_exactly_once_mode_continues_where_mm2py_stopped(
+    cluster_a: LocalCluster,
+    cluster_b: LocalCluster,
+    unique: str,
+    tmp_path: Path,
+    mm2py_mode: Mode,
+) -> None:
+    create_topic(cluster_a, unique, partitions=PARTITIONS)
+    mm2_config, mm2py_config = _eos_configs(tmp_path, cluster_a, cluster_b, unique, mm2py_mode)
+    remote = f"A.{unique}"
+    with LiveProducer(cluster_a, unique) as producer:
+        producer.wait_committed(200)
+        with running_daemon(mm2py_config) as daemon:
+            wait_until(
+                lambda: _committed_count(cluster_b, remote) >= 200,
+                timeout=90,
+                what="mm2py copying",
+            )
+            assert daemon.stop()[0] == 0
+        handed_over = _committed_count(cluster_b, remote)
+        with RealMirrorMaker(mm2_config, tmp_path / "mm2") as mm2:
+            mm2.wait_replicating(unique)
+            mm2.wait_for_log(MM2_TRANSACTIONAL, timeout=5)
+            wait_until(
+                lambda: _committed_count(cluster_b, remote) >= handed_over + 200,
+                timeout=90,
+                what="MM2 copying after mm2py",
+            )
+            producer.stop()
+            assert producer.aborted > 0
+            _assert_exactly_once_copy(cluster_a, cluster_b, unique)
