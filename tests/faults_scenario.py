@@ -68,6 +68,8 @@ SOURCE_STOP_S = 20.0
 # Starting three nodes on the busy 2-core machine: interpreters, imports, the group,
 # a task process each.
 START_TIMEOUT = 90.0
+# Nodes that crash (die of a signal we did not send) are restarted up to this many times.
+MAX_CRASHES = 5
 # Producing goes on this long after the last fault.
 TAIL_S = 5.0
 # After the producer stops: tasks that moved in the last faults start again from their
@@ -284,13 +286,21 @@ def _signal_all(pids: Sequence[int], sig: int) -> None:
 
 class Nodes:
     """`mm2py run` processes on one config, in slots 0..n-1; a slot's node can be
-    killed and started again. On leaving, every node still running gets SIGTERM."""
+    killed and started again. On leaving, every node still running gets SIGTERM.
 
-    def __init__(self, config: Path, count: int) -> None:
+    A node that dies of a signal we did not send (an abort, a segfault) is a crash: it
+    is noted in `crashes` and started again, as a service manager would, so that the
+    copy's counts are still found; a node that exits by itself (a config refused, a
+    failure it reports) ends the scenario.
+    """
+
+    def __init__(self, config: Path, count: int, note: Callable[[str], None]) -> None:
         self.config = config
         self.slots: list[RunningDaemon] = []
         self.count = count
+        self.note = note
         self.killed: set[int] = set()  # pids we killed: their exit is no failure
+        self.crashes: list[str] = []
         self._stack = ExitStack()
 
     def __enter__(self) -> Nodes:
@@ -316,15 +326,28 @@ class Nodes:
         return self._stack.enter_context(running_daemon(self.config))
 
     def check(self) -> None:
-        """Raise if a node exited by itself (a config refused, a crash)."""
-        for node in self.slots:
+        """Restart a node that crashed; raise if one exited by itself."""
+        for slot, node in enumerate(self.slots):
             code = node.proc.poll()
-            if code is not None and node.proc.pid not in self.killed:
-                tail = "\n".join(node.log().splitlines()[-15:])
+            if code is None or node.proc.pid in self.killed:
+                continue
+            lines = node.log().splitlines()
+            if code >= 0 or len(self.crashes) >= MAX_CRASHES:
+                tail = "\n".join(lines[-15:])
                 raise ScenarioError(
-                    f"mm2py node (pid {node.proc.pid}) exited by itself with {code}; "
+                    f"mm2py node {slot} (pid {node.proc.pid}) exited by itself with {code}"
+                    f"{' after as many crashes as we restart' if code < 0 else ''}; "
                     f"log {node.log_path}:\n{tail}"
                 )
+            last = lines[-1] if lines else ""
+            self.crashes.append(
+                f"node {slot} (pid {node.proc.pid}) died of signal {-code}; "
+                f"log {node.log_path} ends: {last}"
+            )
+            self.note(f"CRASH: {self.crashes[-1]}")
+            self.killed.add(node.proc.pid)
+            pid = self.restart(slot).proc.pid
+            self.note(f"node {slot} started again after its crash (pid {pid})")
 
     def kill(self, slot: int) -> None:
         node = self.slots[slot]
@@ -332,8 +355,9 @@ class Nodes:
         node.proc.kill()
         node.proc.wait(10)
 
-    def restart(self, slot: int) -> None:
+    def restart(self, slot: int) -> RunningDaemon:
         self.slots[slot] = self._start()
+        return self.slots[slot]
 
     def running_tasks(self, skip: RunningDaemon | None = None) -> dict[int, RunningDaemon]:
         """task -> the node whose status shows it RUNNING now (nodes not answering,
@@ -407,6 +431,7 @@ class Outcome:
     per_partition: dict[int, Counts] = field(default_factory=dict)
     timeline: list[str] = field(default_factory=list)
     caught_up: bool = False
+    crashes: list[str] = field(default_factory=list)  # nodes that died of a signal not ours
 
     @property
     def total(self) -> Counts:
@@ -424,7 +449,9 @@ class Outcome:
             "  plan: " + "; ".join(f.describe() for f in self.faults),
             *(f"  {line}" for line in self.timeline),
             f"  total: produced {t.produced}, copied {t.copied}, lost {t.lost}, duplicated "
-            f"{t.duplicated}, out of order {t.out_of_order}, foreign {t.foreign}",
+            f"{t.duplicated}, out of order {t.out_of_order}, foreign {t.foreign}; "
+            f"node crashes: {len(self.crashes)}",
+            *(f"  crash: {crash}" for crash in self.crashes),
             *(f"  partition {p}: {c}" for p, c in sorted(self.per_partition.items())),
         ]
         return "\n".join(lines)
@@ -548,7 +575,11 @@ def _run(
     rng = random.Random(outcome.seed)  # the zombie's pick among the nodes running tasks
     create_topic(a, topic, PARTITIONS)
     config = _config(workdir, a, b, topic, mode)
-    with NumberedProducer(a, topic, PARTITIONS, RATE) as producer, Nodes(config, NODES) as nodes:
+    with (
+        NumberedProducer(a, topic, PARTITIONS, RATE) as producer,
+        Nodes(config, NODES, note) as nodes,
+    ):
+        outcome.crashes = nodes.crashes
         note(f"{NODES} nodes started, tasks.max {TASKS}, {mode}; producing {RATE:.0f} records/s")
         if not _wait(lambda: len(nodes.running_tasks()) == TASKS, START_TIMEOUT, nodes.check):
             raise ScenarioError(
