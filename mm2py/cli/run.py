@@ -15,6 +15,7 @@ DEFAULT_LISTEN = "127.0.0.1:8083"
 def run(args: argparse.Namespace) -> int:
     from mm2py.config import ConfigError, load_config
     from mm2py.daemon.supervisor import Daemon, select_flows, select_heartbeat_flows
+    from mm2py.replication.exactly_once import settle_exactly_once
 
     config = load_config(args.config)
     for alias in args.clusters or []:
@@ -26,6 +27,9 @@ def run(args: argparse.Namespace) -> int:
     flows = select_flows(config, args.clusters)
     if not flows:
         raise ConfigError(args.config, None, "no enabled flow (set A->B.enabled = true)")
+    # Whether each target accepts the transactions its flow asks for, before anything runs.
+    config = settle_exactly_once(config, flows)
+    flows = select_flows(config, args.clusters)
     # --listen wins over MM2's `listeners` in the config.
     listen = args.listen or config.listen or DEFAULT_LISTEN
     daemon = Daemon(config, flows, listen, select_heartbeat_flows(config, args.clusters))

@@ -380,15 +380,10 @@ class _Builder:
                     f" set it to interval to commit every {INTERVAL_KEY}"
                 )
                 self.notes.setdefault((logging.WARNING, reason), []).append(shown[INTERVAL_KEY])
-        update = {
-            "exactly_once": resolved.mode,
-            "exactly_once_key": resolved.key,
-            "transaction_boundary_interval_ms": interval,
-        }
-        # Resolved values, not keys the user set: kept out of model_fields_set, which
-        # says what the config file set (the Connect API shows those).
-        return FlowSettings.model_construct(
-            settings.model_fields_set, **{**dict(settings), **update}
+        return settings.resolved(
+            exactly_once=resolved.mode,
+            exactly_once_key=resolved.key,
+            transaction_boundary_interval_ms=interval,
         )
 
     def note_unused(self) -> None:

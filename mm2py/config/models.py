@@ -290,6 +290,12 @@ class FlowSettings(BaseModel):
         3, alias="status.storage.replication.factor"
     )
 
+    def resolved(self, **values: object) -> FlowSettings:
+        """A copy with `values` (by field name) that the loader or the start-up checks
+        worked out: unlike model_copy, they are not counted among the keys the config
+        file set (model_fields_set, which the Connect API shows under MM2's names)."""
+        return FlowSettings.model_construct(self.model_fields_set, **{**dict(self), **values})
+
     @property
     def admin_timeout(self) -> float:
         """Seconds an admin call may take (MM2's admin.timeout.ms, default 60 s)."""
