@@ -490,7 +490,7 @@ class CopyLoop:
         """The produce call refused a record: its partition stops, unless the producer
         as a whole cannot go on (fenced, or a fatal error): then the loop ends."""
         err = exc.args[0]
-        if err.fatal() or (self._txn is not None and self._rejected is not None):
+        if _producer_failed(err) or (self._txn is not None and self._rejected is not None):
             raise exc
         self._fail_partition(state, offset, err.str(), _size(msg))
 
@@ -624,7 +624,7 @@ class CopyLoop:
                 run.errors += 1
             else:
                 run.base -= 1
-            if self._txn is not None and (self._rejected is not None or err.fatal()):
+            if self._txn is not None and (self._rejected is not None or _producer_failed(err)):
                 # The transaction aborts: only the first failure says why.
                 if self.restart_reason is None and self._rejected is None:
                     self.restart_reason = f"writing to {self.target_alias}: {err.str()}"
@@ -879,6 +879,12 @@ class CopyLoop:
             self._txn_open = False
         if self.syncs is not None:
             self.syncs.flush(max(deadline - time.monotonic(), 0.1))
+
+
+def _producer_failed(err: KafkaError) -> bool:
+    """The producer as a whole cannot go on (a fatal error; fenced by another holder of
+    its transactional id), as opposed to one record refused."""
+    return bool(err.fatal() or err.code() in (KafkaError._FATAL, KafkaError._FENCED))
 
 
 def _no_run(err: KafkaError | None, msg: Any) -> None:

@@ -7,6 +7,15 @@ topic discovery (mm2py.daemon.parts.discovery) every
 ``refresh.topics.interval.seconds`` and hands what it found to the loop through a
 queue, so admin calls never delay records. How offset syncs make translation
 exact: mm2py.replication.offset_syncs.
+
+Exactly-once (the flow's ``exactly_once`` setting is not off): the task's producer
+is transactional, with the task's id (`transactional_id`). Before anything is read,
+`init_transactions` fences the task's previous owner (a node that died or was cut
+off, whose open transaction it aborts) and the tasks of an earlier ``tasks.max``
+that this split has no task for; only then is the progress read, past transactions
+still open, so it is the committed progress the task continues from. A record the
+target rejects aborts the transaction; the loop starts again from the last commit
+without that partition (stopped, as at-least-once stops it).
 """
 
 from __future__ import annotations
@@ -20,21 +29,22 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
-from mm2py.cluster.assignment import WHOLE_FLOW, TaskSlot
+from mm2py.cluster.assignment import WHOLE_FLOW, TaskSlot, task_counts
 from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.daemon.metrics import Metrics
 from mm2py.daemon.part import FlowPart
 from mm2py.daemon.parts.discovery import TopicChanges, TopicDiscovery
 from mm2py.daemon.scheduler import Scheduler
 from mm2py.kafka import clients
+from mm2py.replication import transactions
 from mm2py.replication.client_settings import (
     CONSUMER_REQUIRED,
     PRODUCER_REQUIRED,
     copy_settings,
 )
-from mm2py.replication.copy_loop import CopyLoop, OffsetResetLog
+from mm2py.replication.copy_loop import CopyLoop, OffsetResetLog, PartitionRejected, Transactions
 from mm2py.replication.offset_syncs import OffsetSyncWriter, ensure_offset_syncs_topic
-from mm2py.replication.progress import ProgressStore
+from mm2py.replication.progress import ProgressStore, SourcePartition
 from mm2py.replication.stats import ReplicationStats
 
 log = logging.getLogger(__name__)
@@ -44,6 +54,9 @@ LAG_INTERVAL = 1.0
 STOP_FLUSH_TIMEOUT = 7.0
 PAUSE_TIMEOUT = 5.0
 WAITING_RETRY = 1.0
+# Reading the progress waits for transactions still open (a dead writer's: until its
+# successor fences it, at most the transaction timeout).
+EXACTLY_ONCE_LOAD_TIMEOUT = transactions.TRANSACTION_TIMEOUT_MS / 1000 + 30
 
 # mm2py's tuning for the copy loop's clients; the cluster's own settings win.
 CONSUMER_TUNING: Mapping[str, Any] = {
@@ -119,8 +132,25 @@ class SourcePart(FlowPart):
 
     # -- running ------------------------------------------------------------------
 
+    @property
+    def exactly_once(self) -> bool:
+        return self.flow.settings.exactly_once != "off"
+
     def run(self) -> None:
         """Copy until stopped. Raises on errors the daemon should restart from."""
+        # Exactly-once: partitions stopped by a rejected record, kept across the loops
+        # that follow the abort.
+        failed: dict[SourcePartition, str] = {}
+        while True:
+            try:
+                self._run(failed)
+                return
+            except PartitionRejected:
+                if self.stopping.is_set():
+                    return
+                continue  # aborted; the loop logged the partition it stops
+
+    def _run(self, failed: dict[SourcePartition, str]) -> None:
         flow, rules = self.flow, self.rules
         source_props = self.source.librdkafka("consumer")
         target_props = self.target.librdkafka("producer")
@@ -134,7 +164,28 @@ class SourcePart(FlowPart):
             rules.settings.offset_storage_replication_factor,
             rules.settings.offset_storage_partitions,
         )
-        stored = progress.load()
+        producer_settings = copy_settings(
+            target_props, PRODUCER_TUNING, PRODUCER_REQUIRED, f"cluster {flow.target} producer"
+        )
+        target_watch = self._access_watch(self.target, target_props)
+        txns: Transactions | None = None
+        if self.exactly_once:
+            producer, txn_log = transactions.transactional_producer(
+                target_props,
+                PRODUCER_TUNING,
+                f"cluster {flow.target} producer",
+                self.transactional_id(self.slot.id),
+                error_cb=target_watch,
+            )
+            producer.init_transactions(transactions.INIT_TIMEOUT)  # fences the previous owner
+            self._fence_earlier_splits(target_admin, target_props)
+            txns = Transactions(flow.settings.transaction_boundary_interval_ms / 1000, txn_log)
+            stored = progress.load(EXACTLY_ONCE_LOAD_TIMEOUT, past_open_transactions=True)
+        else:
+            producer = clients.producer(
+                target_props, {**producer_settings, "error_cb": target_watch}
+            )
+            stored = progress.load()
         syncs = self._open_sync_writer(source_admin, target_admin)
         self._access_failure = None
         # Tells the copy loop which partitions librdkafka reset (records deleted unread).
@@ -152,18 +203,6 @@ class SourcePart(FlowPart):
                 "logger": reset_log,
             },
         )
-        producer = clients.producer(
-            target_props,
-            {
-                **copy_settings(
-                    target_props,
-                    PRODUCER_TUNING,
-                    PRODUCER_REQUIRED,
-                    f"cluster {flow.target} producer",
-                ),
-                "error_cb": self._access_watch(self.target, target_props),
-            },
-        )
         loop = CopyLoop(
             flow.name,
             flow.target,
@@ -175,6 +214,8 @@ class SourcePart(FlowPart):
             stored,
             on_partition_failed=self.errors.inc,
             poll_timeout=rules.settings.consumer_poll_timeout,
+            transactions=txns,
+            failed=failed,
         )
         reset_log.on_reset = loop.offset_reset
         self._loop = loop
@@ -205,7 +246,8 @@ class SourcePart(FlowPart):
 
     def _copy(self, loop: CopyLoop, found: queue.SimpleQueue[TopicChanges]) -> None:
         periodic = Scheduler(f"flow {self.flow.name}")
-        periodic.add("recording progress", loop.commit_progress, PROGRESS_INTERVAL)
+        if not self.exactly_once:  # else progress is written in each transaction
+            periodic.add("recording progress", loop.commit_progress, PROGRESS_INTERVAL)
         periodic.add("measuring lag", loop.update_lag, LAG_INTERVAL)
         stopping = self.stopping.is_set
         while not stopping():
@@ -260,6 +302,29 @@ class SourcePart(FlowPart):
             retry_on=(Exception,),
         )
         scheduler.run(loop_done)
+
+    def transactional_id(self, task: int) -> str:
+        flow = self.flow
+        return transactions.transactional_id(
+            flow.settings.cluster_group_prefix, flow.source, flow.target, task
+        )
+
+    def _fence_earlier_splits(self, target_admin: Any, target_props: Mapping[str, str]) -> None:
+        """Fence the tasks of earlier ``tasks.max`` values that this split has no task for
+        (their transactional ids; the others are the ids of this split's tasks, which
+        fence them when they start). The earlier splits are known by their tasks topics."""
+        count = self.slot.count
+        topics = target_admin.list_topics(timeout=self.rules.settings.admin_timeout).topics
+        earlier = [n for n in task_counts(topics, self.flow.source) if n > count]
+        ids = [self.transactional_id(t) for t in range(count, max(earlier, default=count))]
+        if ids:
+            log.info(
+                "flow %s: fencing %d transactional ids of an earlier tasks.max (%s)",
+                self.flow.name,
+                len(ids),
+                ", ".join(str(n) for n in sorted(earlier)),
+            )
+            transactions.fence(target_props, ids)
 
     def _open_sync_writer(self, source_admin: Any, target_admin: Any) -> OffsetSyncWriter | None:
         rules = self.rules

@@ -1,0 +1,276 @@
+"""Exactly-once replication against real brokers: records and progress commit together.
+
+A live producer writes numbered records into A (plain ones, and transactions of which
+some abort) while `mm2py run` with ``B.exactly.once.source.support = enabled`` is
+killed with -9 at random moments and started again. A read_committed reader of the
+remote topic must then see every committed source record exactly once, in the
+source's order per partition, and every offset sync must name a committed copy (no
+sync points at a record of a transaction that was aborted by a kill).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mm2py.compat.formats import OffsetSync
+from mm2py.dev.launcher import LocalCluster
+from mm2py.kafka import clients
+from tests.daemon_harness import mm2_properties, running_daemon
+from tests.integration.test_cluster import _running_tasks, _tasks_of, _wait_tasks
+from tests.kafka_helpers import RECENT_MS, Rec, create_topic, read_all, wait_until
+
+pytestmark = pytest.mark.integration
+
+EXACTLY_ONCE = {"B.exactly.once.source.support": "enabled"}
+SYNCS_TOPIC = "mm2-offset-syncs.B.internal"
+PARTITIONS = 4
+# How a fenced producer's failure shows in the log (librdkafka's words).
+_FENCED = re.compile(r"fenced|old epoch", re.IGNORECASE)
+
+
+class LiveProducer:
+    """Writes `p:n` values into every partition of a topic until stopped: plain records
+    from an idempotent producer, and every few records a transaction of a second,
+    transactional producer that commits or aborts (aborted values say so)."""
+
+    def __init__(self, cluster: LocalCluster, topic: str, seed: int) -> None:
+        self.topic = topic
+        self.random = random.Random(seed)
+        props = cluster.client_properties()
+        self._plain = clients.producer(props, {"enable.idempotence": True, "linger.ms": 5})
+        self._txn = clients.producer(props, {"transactional.id": f"{topic}-writer", "linger.ms": 0})
+        self._txn.init_transactions(30)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.sent = 0
+        self.error: BaseException | None = None
+
+    def _run(self) -> None:
+        seq = [0] * PARTITIONS
+        try:
+            while not self._stop.is_set():
+                for _ in range(20):
+                    p = self.random.randrange(PARTITIONS)
+                    self._plain.produce(
+                        self.topic, f"{p}:{seq[p]}".encode(), partition=p, timestamp=_now_ms()
+                    )
+                    seq[p] += 1
+                self._plain.poll(0)
+                if self.random.random() < 0.3:
+                    self._transaction()
+                self.sent += 20
+                time.sleep(0.01)
+            self._plain.flush(30)
+        except BaseException as exc:  # shown by stop()
+            self.error = exc
+
+    def _transaction(self) -> None:
+        commit = self.random.random() < 0.7
+        self._txn.begin_transaction()
+        for i in range(5):
+            p = self.random.randrange(PARTITIONS)
+            word = "txn" if commit else "aborted"
+            self._txn.produce(self.topic, f"{word}:{self.sent}:{i}".encode(), partition=p)
+        if commit:
+            self._txn.commit_transaction(30)
+        else:
+            self._txn.abort_transaction(30)
+
+    def __enter__(self) -> LiveProducer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+        assert self.error is None, f"the producer failed: {self.error!r}"
+
+
+def _now_ms() -> int:
+    return max(int(time.time() * 1000), RECENT_MS)
+
+
+def _by_partition(records: list[Rec]) -> dict[int, list[bytes | None]]:
+    out: dict[int, list[bytes | None]] = defaultdict(list)
+    for rec in sorted(records, key=lambda r: (r.partition, r.offset)):
+        out[rec.partition].append(rec.value)
+    return out
+
+
+def test_kill_9_while_copying_leaves_every_record_once_and_syncs_on_committed_copies(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path, unique: str
+) -> None:
+    topic = f"eos-{unique}"
+    remote = f"A.{topic}"
+    create_topic(cluster_a, topic, PARTITIONS)
+    config = tmp_path / "mm2.properties"
+    config.write_text(
+        mm2_properties(
+            cluster_a,
+            cluster_b,
+            topic,
+            **{"tasks.max": "2", "transaction.boundary.interval.ms": "50", **EXACTLY_ONCE},
+        )
+    )
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")
+    moments = random.Random(seed)
+    with LiveProducer(cluster_a, topic, seed):
+        for _ in range(4):
+            with running_daemon(config) as node:
+                time.sleep(moments.uniform(4.0, 9.0))
+                assert node.proc.poll() is None, node.report()
+                node.proc.send_signal(signal.SIGKILL)
+                node.proc.wait(10)
+        time.sleep(2)
+    source = _by_partition(read_all(cluster_a, topic))
+    total = sum(len(v) for v in source.values())
+    assert not any(b"aborted" in (v or b"") for vs in source.values() for v in vs)
+    with running_daemon(config) as node:
+        wait_until(
+            lambda: len(read_all(cluster_b, remote)) >= total,
+            timeout=90,
+            what=f"{total} committed records on B",
+        )
+        time.sleep(1)  # anything copied twice would show now
+        copied = _by_partition(read_all(cluster_b, remote))
+        node.proc.send_signal(signal.SIGTERM)
+        node.proc.wait(20)
+    for p in range(PARTITIONS):
+        assert copied[p] == source[p], (
+            f"{remote}-{p}: {len(copied[p])} records for {len(source[p])} "
+            f"({len(copied[p]) - len(set(copied[p]))} repeated)"
+        )
+    # Every sync names a committed copy of its source record.
+    by_offset_a = {(r.partition, r.offset): r.value for r in read_all(cluster_a, topic)}
+    by_offset_b = {(r.partition, r.offset): r.value for r in read_all(cluster_b, remote)}
+    syncs = [OffsetSync.decode(r.key, r.value) for r in read_all(cluster_a, SYNCS_TOPIC)]
+    ours = [s for s in syncs if s.topic == topic]
+    assert ours, "no offset sync was written"
+    for sync in ours:
+        where = f"sync {sync}"
+        assert (sync.partition, sync.downstream_offset) in by_offset_b, (
+            f"{where}: no committed copy there"
+        )
+        assert (
+            by_offset_b[(sync.partition, sync.downstream_offset)]
+            == by_offset_a[(sync.partition, sync.upstream_offset)]
+        ), where
+
+
+def _copy_exactly(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, config: Path, topic: str
+) -> None:
+    """Run a node until every committed record of `topic` is on B, then check that a
+    read_committed reader sees each exactly once, in order, per partition."""
+    remote = f"A.{topic}"
+    source = _by_partition(read_all(cluster_a, topic))
+    total = sum(len(v) for v in source.values())
+    with running_daemon(config) as node:
+        wait_until(
+            lambda: len(read_all(cluster_b, remote)) >= total,
+            timeout=90,
+            what=f"{total} committed records on B",
+        )
+        time.sleep(1)  # anything copied twice would show now
+        copied = _by_partition(read_all(cluster_b, remote))
+        node.stop()
+    for p in range(PARTITIONS):
+        assert copied[p] == source[p], (
+            f"{remote}-{p}: {len(copied[p])} records for {len(source[p])} "
+            f"({len(copied[p]) - len(set(copied[p]))} repeated)"
+        )
+
+
+def test_a_node_stopped_past_its_session_is_fenced_and_commits_nothing_after(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path, unique: str
+) -> None:
+    """SIGSTOP of a node and its task processes (a paused VM) for longer than its group
+    session: its task moves and the new owner fences it; woken up, the zombie's task
+    fails to write and commits nothing."""
+    topic = f"zombie-{unique}"
+    create_topic(cluster_a, topic, PARTITIONS)
+    config = tmp_path / "mm2.properties"
+    config.write_text(
+        mm2_properties(
+            cluster_a,
+            cluster_b,
+            topic,
+            **{"tasks.max": "2", "transaction.boundary.interval.ms": "50", **EXACTLY_ONCE},
+        )
+    )
+    with LiveProducer(cluster_a, topic, seed=7), running_daemon(config) as zombie:
+        _wait_tasks([zombie], 2)
+        with running_daemon(config) as other:
+            running = _wait_tasks([zombie, other], 2)
+            moved = _tasks_of(running, zombie)
+            stopped = [zombie.proc.pid, *zombie.task_pids()]
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                wait_until(
+                    lambda: _tasks_of(_running_tasks([other]), other) == {0, 1},
+                    timeout=45,
+                    what=f"task {moved} moved to the other node",
+                )
+                time.sleep(2)  # the new owner copies and commits
+            finally:
+                for pid in stopped:
+                    os.kill(pid, signal.SIGCONT)
+            wait_until(
+                lambda: _FENCED.search(zombie.log()),
+                timeout=30,
+                what="the zombie's task fenced",
+            )
+            time.sleep(3)
+    _copy_exactly(cluster_a, cluster_b, config, topic)
+
+
+def test_a_smaller_tasks_max_fences_the_tasks_it_has_no_more(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path, unique: str
+) -> None:
+    """Killed with -9, a node of tasks.max 4 leaves transactions open under the ids of
+    tasks 0-3; restarted with tasks.max 2, its tasks fence ids 2 and 3 too: read_committed
+    readers get every record well before the brokers' transaction timeout (60 s) would
+    have aborted those transactions."""
+    topic = f"retask-{unique}"
+    create_topic(cluster_a, topic, PARTITIONS)
+    common = {
+        "transaction.boundary.interval.ms": "50",
+        "cluster.group.prefix": f"eos-{unique}",
+        **EXACTLY_ONCE,
+    }
+    four, two = tmp_path / "four.properties", tmp_path / "two.properties"
+    four.write_text(mm2_properties(cluster_a, cluster_b, topic, **common, **{"tasks.max": "4"}))
+    two.write_text(mm2_properties(cluster_a, cluster_b, topic, **common, **{"tasks.max": "2"}))
+    with LiveProducer(cluster_a, topic, seed=11), running_daemon(four) as node:
+        _wait_tasks([node], 4, partitions=PARTITIONS)
+        time.sleep(3)
+        node.proc.send_signal(signal.SIGKILL)
+        node.proc.wait(10)
+    source = _by_partition(read_all(cluster_a, topic))
+    total = sum(len(v) for v in source.values())
+    with running_daemon(two) as node:
+        started = time.monotonic()
+        wait_until(
+            lambda: len(read_all(cluster_b, f"A.{topic}")) >= total,
+            timeout=40,
+            what=f"{total} committed records on B",
+        )
+        print(f"caught up {time.monotonic() - started:.1f} s after the start")
+        assert "fencing 2 transactional ids of an earlier tasks.max (4)" in node.log()
+        node.stop()
+    _copy_exactly(cluster_a, cluster_b, two, topic)
