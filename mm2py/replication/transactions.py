@@ -7,7 +7,8 @@ transaction, so a reader with ``isolation.level = read_committed`` sees both or
 neither. Offset syncs are written only after the commit, so none points at a record
 of an aborted attempt.
 
-Fencing: a transactional id belongs to one writer at a time. `init_transactions` on
+Fencing: a transactional id (a task's: mm2py.replication.exactly_once.transactional_id)
+belongs to one writer at a time. `init_transactions` on
 a producer with that id aborts whatever a previous holder left open and makes its
 every later send or commit fail (librdkafka's `_FENCED`); this is how a task that
 moves to another node, or a backfill attempt that Spark runs again, fences the one
@@ -30,7 +31,6 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from mm2py.cluster.assignment import group_id
 from mm2py.kafka import clients
 from mm2py.replication.client_settings import PRODUCER_REQUIRED, copy_settings
 
@@ -41,14 +41,6 @@ log = logging.getLogger(__name__)
 TRANSACTION_TIMEOUT_MS = 60_000
 INIT_TIMEOUT = 60.0
 FENCE_TIMEOUT = 30.0
-
-
-def transactional_id(prefix: str, source: str, target: str, task: int | str) -> str:
-    """The transactional id of task `task` of flow source->target:
-    ``<cluster.group.prefix>-<source>-><target>-<task>``, the flow's group id and the
-    task number (as Connect's ``<group>-<connector>-<task>``). Stable across restarts
-    and moves, so a task's new owner fences the previous one."""
-    return f"{group_id(prefix, source, target)}-{task}"
 
 
 class TransactionLog:

@@ -43,6 +43,7 @@ from mm2py.replication.client_settings import (
     copy_settings,
 )
 from mm2py.replication.copy_loop import CopyLoop, OffsetResetLog, PartitionRejected, Transactions
+from mm2py.replication.exactly_once import transactional_id
 from mm2py.replication.offset_syncs import OffsetSyncWriter, ensure_offset_syncs_topic
 from mm2py.replication.progress import ProgressStore, SourcePartition
 from mm2py.replication.stats import ReplicationStats
@@ -305,9 +306,7 @@ class SourcePart(FlowPart):
 
     def transactional_id(self, task: int) -> str:
         flow = self.flow
-        return transactions.transactional_id(
-            flow.settings.cluster_group_prefix, flow.source, flow.target, task
-        )
+        return transactional_id(flow.settings.cluster_group_prefix, flow.source, flow.target, task)
 
     def _fence_earlier_splits(self, target_admin: Any, target_props: Mapping[str, str]) -> None:
         """Fence the tasks of earlier ``tasks.max`` values that this split has no task for
