@@ -80,6 +80,11 @@ class FlowStatus(BaseModel):
     source: str
     target: str
     replicating: bool = Field(description="A->B.enabled; false for a pair that only heartbeats")
+    delivery: Literal["exactly-once", "at-least-once"] = Field(
+        description="exactly-once when its records and progress are written in transactions "
+        "(B.exactly.once.source.support = enabled, and the target accepted them at start); "
+        "readers see each record once only with isolation.level = read_committed"
+    )
     state: PartState = Field(
         description="FAILED if a part failed or a partition stopped, else UNREACHABLE if a "
         "cluster does not answer, else PAUSED if paused, else JOINING until the flow's "
@@ -239,7 +244,7 @@ def format_status(flows: Sequence[FlowStatus], health: Health | None = None) -> 
     if not flows:
         lines.append("no flows")
     for flow in flows:
-        kind = "" if flow.replicating else "  (heartbeats only)"
+        kind = f"  {flow.delivery}" if flow.replicating else "  (heartbeats only)"
         lag = "lag unknown" if flow.lag_records is None else f"lag {flow.lag_records} records"
         lines.append(f"{flow.name}  {flow.state}  {lag}{kind}")
         part_rows = [["PART", "STATE", "RESTARTS", "ERROR"]]

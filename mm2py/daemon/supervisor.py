@@ -411,6 +411,7 @@ class Daemon:
             source=flow.source,
             target=flow.target,
             replicating=replicating,
+            delivery="exactly-once" if flow.settings.exactly_once != "off" else "at-least-once",
             state=flow_state(parts),
             parts=parts,
             topics=topics,

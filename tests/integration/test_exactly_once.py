@@ -133,6 +133,7 @@ def test_kill_9_while_copying_leaves_every_record_once_and_syncs_on_committed_co
             with running_daemon(config) as node:
                 time.sleep(moments.uniform(4.0, 9.0))
                 assert node.proc.poll() is None, node.report()
+                assert node.status_json("A->B")["delivery"] == "exactly-once"
                 node.proc.send_signal(signal.SIGKILL)
                 node.proc.wait(10)
         time.sleep(2)

@@ -17,6 +17,7 @@ def _report(*parts: PartStatus) -> FlowStatus:
         source="A",
         target="B",
         replicating=True,
+        delivery="at-least-once",
         state="RUNNING",
         parts=list(parts),
         topics=[],
@@ -73,6 +74,7 @@ def test_a_heartbeat_only_pairs_task_is_its_heartbeat_part() -> None:
         source="B",
         target="A",
         replicating=False,
+        delivery="at-least-once",
         state="RUNNING",
         parts=[
             PartStatus(part="heartbeat", state="RUNNING", restarts=0),

@@ -72,6 +72,7 @@ def flow_status(name: str, *parts: PartStatus) -> FlowStatus:
         source=source,
         target=target,
         replicating=any(p.part != "heartbeat" for p in parts),
+        delivery="at-least-once",
         state=flow_state(parts),
         parts=list(parts),
         topics=[],

@@ -51,6 +51,7 @@ def _flow(name: str, *parts: PartStatus, replicating: bool = True) -> FlowStatus
         source=source,
         target=target,
         replicating=replicating,
+        delivery="at-least-once",
         state=flow_state(parts),
         parts=list(parts),
         topics=topics,
@@ -95,7 +96,9 @@ def test_status_table_lists_parts_states_lag_and_latency() -> None:
     text = format_status([flow], health([flow]))
     lines = text.splitlines()
     assert lines[0] == "health: NOT READY"
-    assert "A->B  FAILED  lag 3 records" in text
+    assert "A->B  FAILED  lag 3 records  at-least-once" in text
+    exactly = flow.model_copy(update={"delivery": "exactly-once"})
+    assert "A->B  FAILED  lag 3 records  exactly-once" in format_status([exactly])
     assert any(ln.split() == ["checkpoint", "FAILED", "2", "Boom"] for ln in lines)
     assert any(ln.split() == ["A.t", "2", "10", "3", "12", "ms", "2.5", "s"] for ln in lines)
 

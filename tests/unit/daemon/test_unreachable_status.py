@@ -41,6 +41,7 @@ def test_an_unreachable_part_makes_health_fail_naming_the_cluster() -> None:
         source="A",
         target="B",
         replicating=True,
+        delivery="at-least-once",
         state=flow_state(parts),
         parts=parts,
         topics=[TopicStatus(topic="A.t", partitions=1, records=5, lag_records=None)],

@@ -185,6 +185,7 @@ def test_skipped_records_are_exported_per_topic_and_shown_in_status() -> None:
         source="A",
         target="B",
         replicating=True,
+        delivery="at-least-once",
         state="RUNNING",
         parts=[PartStatus(part="source", state="RUNNING", restarts=0)],
         topics=topics,
