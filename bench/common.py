@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.cimpl import NewTopic
 
 from mm2py.dev.jars import cache_root, java_command
@@ -52,6 +52,9 @@ FAST_PRODUCER_PROPS: Final[Mapping[str, str]] = {
 }
 # How often the copy watcher reads B's end offsets: the resolution of the copy time.
 SAMPLE_INTERVAL: Final = 0.05
+# A transactional copy is over once its end offsets stood still this long (10 commit
+# intervals of mm2py's default).
+TRANSACTIONAL_SETTLE_S: Final = 1.0
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,47 @@ def end_offsets(cluster: LocalCluster, topic: str) -> dict[int, int]:
             p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
             for p in meta.partitions
         }
+    finally:
+        consumer.close()
+
+
+def count_records(cluster: LocalCluster, topic: str, timeout: float = 300.0) -> int:
+    """The records of `topic` a read_committed reader sees, counted by reading them all.
+
+    Unlike its end offsets, this leaves out transaction markers and aborted records.
+    Raises TimeoutError when the end of some partition is not reached in `timeout`.
+    """
+    consumer = clients.consumer(
+        cluster.client_properties(),
+        {
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "fetch.max.bytes": 64 * MIB,
+            "max.partition.fetch.bytes": 8 * MIB,
+        },
+    )
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return 0
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions])
+        pending, count = set(meta.partitions), 0
+        deadline = time.monotonic() + timeout
+        while pending:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"reading {topic} on {cluster.alias}: partitions {sorted(pending)} "
+                    f"not read to their end after {timeout:.0f} s ({count} records so far)"
+                )
+            for msg in consumer.consume(10_000, 1.0):
+                err = msg.error()
+                if err is None:
+                    count += 1
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    pending.discard(msg.partition())
+                else:
+                    raise KafkaException(err)
+        return count
     finally:
         consumer.close()
 
@@ -481,6 +525,7 @@ class Copy:
     copy_s: float  # first sample with records on B -> sample with all of them
     copied_in_window: int  # records that arrived during copy_s
     cpu_s: float | None = None  # user+sys CPU-seconds of the replicator during copy_s
+    end_offsets: int = 0  # sum of the remote topic's end offsets at the end (markers too)
 
     @property
     def cpu_s_per_m_records(self) -> float | None:
@@ -506,6 +551,7 @@ def watch_copy(
     running: Running,
     timeout: float,
     isolation: str = "read_committed",
+    transactional: bool = False,
 ) -> Copy:
     """Follow B's end offsets until `remote_topic` holds the whole workload.
 
@@ -521,11 +567,21 @@ def watch_copy(
     with "read_uncommitted", on high watermarks: its records count when written, not
     when their transaction commits (up to 10 s later), as the daemon's do. Commit
     markers add one offset per transaction (a few per copy).
+
+    `transactional`: the replicator commits transactions often (mm2py exactly-once,
+    every 100 ms), so the markers, one offset per partition and commit, count too:
+    the end offsets reach the workload's record count before its last records are
+    committed. Sampling then goes on until the end offsets have not moved for
+    TRANSACTIONAL_SETTLE_S, and the copy ends at the first sample that saw their final
+    value (its last commit). Markers below the first sample (a commit or two) are
+    counted as records in the window: at most 8 offsets per commit, negligible.
     """
     launched = time.monotonic()
     deadline = launched + timeout
     consumer = clients.consumer(target.client_properties(), {"isolation.level": isolation})
     first: tuple[float, int, float] | None = None
+    # The first sample that saw the current count, once it reached the workload's.
+    last: tuple[float, int, float] | None = None
     cpu = ProcessCpu(running.pid)
     try:
         while True:
@@ -537,12 +593,16 @@ def watch_copy(
                 first = (now, have, cpu_now)
             if have >= workload.records:
                 assert first is not None
-                return Copy(
-                    first[0] - launched,
-                    now - first[0],
-                    workload.records - first[1],
-                    cpu_now - first[2],
-                )
+                if last is None or have != last[1]:
+                    last = (now, have, cpu_now)
+                if not transactional or now - last[0] >= TRANSACTIONAL_SETTLE_S:
+                    return Copy(
+                        first[0] - launched,
+                        last[0] - first[0],
+                        workload.records - first[1],
+                        last[2] - first[2],
+                        last[1],
+                    )
             check_alive(running)
             if now > deadline:
                 raise ReplicatorError(

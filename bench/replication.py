@@ -10,8 +10,14 @@ Throughput, per workload (8 partitions: 1,000,000 x 1 KiB "large", 2,000,000 x 1
 consuming from A, each alone with the fastest of Kafka's perf tools and librdkafka,
 tuned; how it is measured is in its docstring), then MM2 and then mm2py, each
 copying its own pre-filled topic from A to B. No replicator may beat the pipe limit;
-the summary says so if one does. Latency: MM2 and then mm2py, each replicating its
-own fresh topic while a producer writes 1 KiB records into it at a steady 5,000/s.
+the summary says so if one does. Then mm2py again exactly-once (``mm2py-exactly-once``:
+``B.exactly.once.source.support = enabled``, ``exactly.once.support = required``, the
+commit interval mm2py's default unless ``--transaction-interval-ms``): its copy ends
+when a read_committed reader can see every record, and its records on B are counted
+by reading them so. Latency: MM2, mm2py and mm2py exactly-once, each replicating its
+own fresh topic while a producer writes 1 KiB records into it at a steady 5,000/s,
+read on B read_committed (exactly-once records become visible at their commit, so
+that wait is in its figure; see `replication_latency`).
 
 Every row has records/s and, steadier on a shared machine, CPU per record: the
 user+sys CPU-seconds per million records of the replicator's processes (the process
@@ -20,11 +26,15 @@ excluded); the pipe limit's are its tools' over their whole run. Also peak resid
 memory, of the process tree and of each process (``peak_rss_mib_per_process``), and
 the load averages (1, 5, 15 min) before each measurement. The last line is a summary:
 per workload, mm2py / MM2 and mm2py / pipe limit in records/s, and mm2py / MM2 in CPU
-per record.
+per record; exactly-once / at-least-once in records/s and CPU per record, and issue 12's
+targets (``exactly_once_targets``, in one run: exactly-once records/s >= 85% of
+at-least-once's on both workloads, p99 < 100 ms at 5,000 rec/s with the default
+commit interval), each with its value and whether it was met.
 
-Both systems get the same MM2 properties file (mm2py.dev.mirrormaker.mm2_properties,
-only the topic differs): they share ``mm2-offsets.A.internal`` on B, so each must
-replicate topics the other never saw or it would resume from the other's progress.
+Every system gets the same MM2 properties file (mm2py.dev.mirrormaker.mm2_properties,
+only the topic differs, and exactly-once's keys): they share ``mm2-offsets.A.internal``
+on B, so each must replicate topics the others never saw or it would resume from
+another's progress.
 
 Clusters: if the ports of A and B are free (``MM2PY_LOCAL_PORT_OFFSET`` moves them),
 fresh clusters are started under ``<cache>/bench`` (``bench-<offset>``) and removed at
@@ -51,7 +61,7 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import partial
@@ -71,6 +81,7 @@ from bench.common import (
     Workload,
     bench_topic,
     check_alive,
+    count_records,
     cpu_per_million,
     create_topic,
     delete_topics,
@@ -86,6 +97,7 @@ from bench.common import (
     watch_copy,
 )
 from bench.pipe_limit import pipe_limit
+from mm2py.config.models import DEFAULT_TRANSACTION_INTERVAL_MS
 from mm2py.dev.jars import cache_root
 from mm2py.dev.launcher import PORT_OFFSET_VARIABLE, LocalCluster, LocalKafka, broker_port
 from mm2py.dev.mirrormaker import (
@@ -101,8 +113,10 @@ log = logging.getLogger("bench.replication")
 PIPE_LIMIT: Final = "pipe-limit"
 MIRRORMAKER2: Final = "mirrormaker2"
 MM2PY: Final = "mm2py"
-SYSTEMS: Final = (PIPE_LIMIT, MIRRORMAKER2, MM2PY)
-REPLICATORS: Final = (MIRRORMAKER2, MM2PY)
+# mm2py copying exactly-once: B.exactly.once.source.support = enabled.
+MM2PY_EOS: Final = "mm2py-exactly-once"
+SYSTEMS: Final = (PIPE_LIMIT, MIRRORMAKER2, MM2PY, MM2PY_EOS)
+REPLICATORS: Final = (MIRRORMAKER2, MM2PY, MM2PY_EOS)
 WORKLOADS: Final = {"large": STANDARD_WORKLOADS[0], "small": STANDARD_WORKLOADS[1]}
 
 # connect-mirror-maker.sh starts MM2 with -Xmx2G; give the JVM what users get.
@@ -120,6 +134,11 @@ STEADY_WARMUP_SECONDS: Final = 5
 # The source producer sends each record at once, so its batching adds little to the
 # measured latency (the same small constant for both systems).
 STEADY_PRODUCER_PROPS: Final = {"acks": "1", "linger.ms": "0", "compression.type": "none"}
+# Issue 12's targets for exactly-once, each in one run: its records/s at least this
+# fraction of at-least-once's, per throughput workload; its p99 latency at LATENCY_RATE
+# below this, with the default commit interval.
+EOS_THROUGHPUT_TARGET: Final = 0.85
+EOS_P99_TARGET_MS: Final = 100.0
 
 
 # -- results ---------------------------------------------------------------------
@@ -225,12 +244,33 @@ def topic_properties(source: LocalCluster, target: LocalCluster, topic: str) -> 
     )
 
 
+def exactly_once_properties(target: LocalCluster, interval_ms: int | None) -> dict[str, str]:
+    """What mm2py-exactly-once adds to `topic_properties`: MM2's switch for flows into
+    `target`, `required` so that a run that could not copy exactly-once fails instead of
+    measuring at-least-once, and the commit interval unless mm2py's default."""
+    props = {
+        f"{target.alias}.exactly.once.source.support": "enabled",
+        "exactly.once.support": "required",
+    }
+    if interval_ms is not None:
+        props["transaction.boundary.interval.ms"] = str(interval_ms)
+    return props
+
+
 @contextmanager
 def replicating(
-    system: str, topic: str, source: LocalCluster, target: LocalCluster, run_dir: Path
+    system: str,
+    topic: str,
+    source: LocalCluster,
+    target: LocalCluster,
+    run_dir: Path,
+    interval_ms: int | None = None,
 ) -> Iterator[Running]:
-    """Run `system` (MM2 or mm2py) replicating only `topic` source->target; stop it after."""
-    props = topic_properties(source, target, topic)  # the same config for both systems
+    """Run `system` (MM2, mm2py or mm2py exactly-once, committing every `interval_ms`)
+    replicating only `topic` source->target; stop it after."""
+    props = topic_properties(source, target, topic)  # the same config for every system
+    if system == MM2PY_EOS:
+        props.update(exactly_once_properties(target, interval_ms))
     if system == MIRRORMAKER2:
         mm2 = RealMirrorMaker(props, run_dir / f"mm2-{topic}", heap=MM2_HEAP)
         with mm2:
@@ -264,9 +304,19 @@ def _end_offsets(cluster: LocalCluster, topic: str, timeout: float = 60.0) -> di
 
 
 def replication_throughput(
-    system: str, workload: Workload, clusters: dict[str, LocalCluster], run_dir: Path
+    system: str,
+    workload: Workload,
+    clusters: dict[str, LocalCluster],
+    run_dir: Path,
+    interval_ms: int | None = None,
 ) -> dict[str, Any]:
-    """`system` copying its own pre-filled copy of `workload` from A to B."""
+    """`system` copying its own pre-filled copy of `workload` from A to B.
+
+    Exactly-once, the copy ends when a read_committed reader can see every record (see
+    watch_copy's `transactional`), and the records on B are counted by reading them
+    read_committed (their end offsets count the commit markers too, in `end_offsets`).
+    """
+    transactional = system == MM2PY_EOS
     source, target = clusters["A"], clusters["B"]
     topic = bench_topic(workload, f"bench-{system}")
     remote = f"{source.alias}.{topic}"
@@ -278,11 +328,16 @@ def replication_throughput(
         timeout = 180 + workload.total_bytes / (2 * MIB)
         # RSS is sampled from launch, so the peak covers start-up as well as the copy.
         with (
-            replicating(system, topic, source, target, run_dir) as running,
+            replicating(system, topic, source, target, run_dir, interval_ms) as running,
             PeakRss(running.pid) as rss,
         ):
-            copy = watch_copy(target, remote, workload, running, timeout)
-        copied = sum(_end_offsets(target, remote).values())
+            copy = watch_copy(
+                target, remote, workload, running, timeout, transactional=transactional
+            )
+        if transactional:
+            copied = count_records(target, remote)
+        else:
+            copied = sum(_end_offsets(target, remote).values())
     finally:
         delete_topics(source, [topic])
         delete_topics(target, [remote])
@@ -290,6 +345,13 @@ def replication_throughput(
         log.warning(
             "%s: %s holds %d records, expected %d", system, remote, copied, workload.records
         )
+    extra: dict[str, Any] = {}
+    if transactional:
+        # Markers prove it committed transactions (one per partition and commit).
+        extra = {
+            "transaction_interval_ms": _interval(interval_ms),
+            "end_offsets_on_b": copy.end_offsets,
+        }
     return copy_line(
         system,
         workload,
@@ -299,7 +361,13 @@ def replication_throughput(
         peak_rss_mib_per_process=rss.per_process_mib(),
         load_1m_before=load[0],
         load_avg_before=load,
+        **extra,
     )
+
+
+def _interval(interval_ms: int | None) -> int:
+    """The commit interval an exactly-once run used."""
+    return DEFAULT_TRANSACTION_INTERVAL_MS if interval_ms is None else interval_ms
 
 
 def pipe_limit_line(workload: Workload) -> dict[str, Any]:
@@ -336,7 +404,15 @@ def _warm_up(source: LocalCluster, target: LocalCluster, topic: str, running: Ru
         raise ReplicatorError(f"could not produce warm-up records into {topic} on A")
     remote = f"{source.alias}.{topic}"
     deadline = time.monotonic() + 180
-    while sum(_end_offsets(target, remote).values()) < WARMUP_RECORDS:
+    # Counted by reading them read_committed, not from end offsets, which count the
+    # commit markers of an exactly-once copy: the measurement then starts after every
+    # warm-up record, none of which is measured.
+    while True:
+        try:
+            if count_records(target, remote, timeout=60) >= WARMUP_RECORDS:
+                return
+        except KafkaException:
+            pass  # the remote topic is being created
         check_alive(running)
         if time.monotonic() > deadline:
             raise ReplicatorError(f"{running.system} did not copy the warm-up records of {topic}")
@@ -368,13 +444,23 @@ def _receive(
 
 
 def replication_latency(
-    system: str, seconds: int, clusters: dict[str, LocalCluster], run_dir: Path
+    system: str,
+    seconds: int,
+    clusters: dict[str, LocalCluster],
+    run_dir: Path,
+    interval_ms: int | None = None,
 ) -> dict[str, Any]:
     """p50/p99 latency of `system` at LATENCY_RATE records/s over `seconds` seconds.
 
     Latency of a record = wall clock when the measuring consumer on B receives it -
-    its timestamp, which the source producer sets at send time and both systems copy.
-    It therefore includes producing into A and fetching from B, the same for both.
+    its timestamp, which the source producer sets at send time and every system copies.
+    It therefore includes producing into A and fetching from B, the same for all.
+
+    The measuring consumer reads read_committed, as readers of an exactly-once copy
+    must: mm2py-exactly-once's records reach it only once their transaction commits
+    (every `interval_ms`), so its figure is source timestamp -> visible to such a
+    reader, the commit wait included (not mm2py's own latency histogram). For the
+    at-least-once systems read_committed changes nothing: they write no transactions.
     """
     source, target = clusters["A"], clusters["B"]
     produce_s = seconds + STEADY_WARMUP_SECONDS
@@ -386,13 +472,15 @@ def replication_latency(
         create_topic(source, topic, steady.partitions)
         load = load_averages()
         with (
-            replicating(system, topic, source, target, run_dir) as running,
+            replicating(system, topic, source, target, run_dir, interval_ms) as running,
             PeakRss(running.pid) as rss,
         ):
             _warm_up(source, target, topic, running)
             cpu = ProcessCpu(running.pid)
             cpu_start = cpu.sample()
-            consumer = clients.consumer(target.client_properties())
+            consumer = clients.consumer(
+                target.client_properties(), {"isolation.level": "read_committed"}
+            )
             # Start after the warm-up records: only steady-rate records are measured.
             consumer.assign(
                 [TopicPartition(remote, p, o) for p, o in _end_offsets(target, remote).items()]
@@ -449,6 +537,7 @@ def replication_latency(
         max_ms=round(latencies[-1], 1),
         load_1m_before=load[0],
         load_avg_before=load,
+        **({"transaction_interval_ms": _interval(interval_ms)} if system == MM2PY_EOS else {}),
     )
 
 
@@ -459,10 +548,46 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else round(a / b, 2)
 
 
+def exactly_once_targets(by: Mapping[tuple[str, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 12's targets for the exactly-once lines of one run: per throughput workload,
+    its records/s >= EOS_THROUGHPUT_TARGET x at-least-once's; on the latency workload, its
+    p99 < EOS_P99_TARGET_MS (the default commit interval only; other intervals are
+    reported, not judged)."""
+    targets: list[dict[str, Any]] = []
+    for (system, workload), line in by.items():
+        if system != MM2PY_EOS:
+            continue
+        if line.get("p99_ms") is not None:
+            default = line.get("transaction_interval_ms") == DEFAULT_TRANSACTION_INTERVAL_MS
+            p99 = line["p99_ms"]
+            targets.append(
+                {
+                    "workload": workload,
+                    "target": f"p99_ms < {EOS_P99_TARGET_MS:g} (default commit interval)",
+                    "value": p99,
+                    "met": p99 < EOS_P99_TARGET_MS if default else None,
+                }
+            )
+        else:
+            ratio = _ratio(
+                line.get("records_per_s"), by.get((MM2PY, workload), {}).get("records_per_s")
+            )
+            targets.append(
+                {
+                    "workload": workload,
+                    "target": f"records/s >= {EOS_THROUGHPUT_TARGET:g} x at-least-once",
+                    "value": ratio,
+                    "met": None if ratio is None else ratio >= EOS_THROUGHPUT_TARGET,
+                }
+            )
+    return targets
+
+
 def summary(
     lines: Sequence[dict[str, Any]], load_start: list[float], load_end: list[float]
 ) -> dict[str, Any]:
-    """The ratios of one run, per workload, and any replicator faster than the pipe limit."""
+    """The ratios of one run, per workload, any replicator faster than the pipe limit, and
+    exactly-once against at-least-once with issue 12's targets."""
     by = {(line["system"], line["workload"]): line for line in lines}
     workloads: dict[str, Any] = {}
     for (system, workload), line in by.items():
@@ -480,6 +605,23 @@ def summary(
             "mm2py_p99_ms": line.get("p99_ms"),
             "mm2py_peak_rss_mib_per_process": line.get("peak_rss_mib_per_process"),
         }
+    for (system, workload), line in by.items():
+        if system != MM2PY_EOS:
+            continue
+        alos = by.get((MM2PY, workload), {})
+        rate, cpu = line.get("records_per_s"), line.get("cpu_s_per_m_records")
+        workloads.setdefault(workload, {}).update(
+            {
+                "exactly_once_records_per_s": rate,
+                "exactly_once_vs_at_least_once": _ratio(rate, alos.get("records_per_s")),
+                "exactly_once_cpu_s_per_m_records": cpu,
+                "exactly_once_cpu_vs_at_least_once": _ratio(cpu, alos.get("cpu_s_per_m_records")),
+                "exactly_once_p50_ms": line.get("p50_ms"),
+                "exactly_once_p99_ms": line.get("p99_ms"),
+                "exactly_once_peak_rss_mib": line.get("peak_rss_mib"),
+                "transaction_interval_ms": line.get("transaction_interval_ms"),
+            }
+        )
     beyond = [
         f"{system} on {workload}: {line['records_per_s']} > {limit['records_per_s']}"
         for (system, workload), line in by.items()
@@ -493,6 +635,7 @@ def summary(
         "system": "summary",
         "workloads": workloads,
         "beyond_pipe_limit": beyond,
+        "exactly_once_targets": exactly_once_targets(by),
         "load_avg_start": load_start,
         "load_avg_end": load_end,
     }
@@ -522,6 +665,15 @@ def main(argv: list[str] | None = None) -> int:
         help=f"a subset of: {' '.join(SYSTEMS)} (default: all)",
     )
     parser.add_argument(
+        "--transaction-interval-ms",
+        type=int,
+        default=None,
+        help=(
+            f"{MM2PY_EOS}'s transaction.boundary.interval.ms "
+            f"(default: mm2py's, {DEFAULT_TRANSACTION_INTERVAL_MS})"
+        ),
+    )
+    parser.add_argument(
         "--latency-seconds",
         type=int,
         default=None,
@@ -538,6 +690,7 @@ def main(argv: list[str] | None = None) -> int:
         for w in (WORKLOADS[n] for n in names)
     ]
     seconds = args.latency_seconds
+    interval_ms: int | None = args.transaction_interval_ms
     if seconds is None:
         seconds = LATENCY_SECONDS // scale
     run_dir = logs_dir() / f"replication-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -569,11 +722,18 @@ def main(argv: list[str] | None = None) -> int:
                 if system == PIPE_LIMIT:
                     measure(system, workload.label, partial(pipe_limit_line, workload))
                 else:
-                    run = partial(replication_throughput, system, workload, clusters, run_dir)
+                    run = partial(
+                        replication_throughput,
+                        system,
+                        workload,
+                        clusters,
+                        run_dir,
+                        interval_ms,
+                    )
                     measure(system, workload.label, run)
         if seconds > 0:
             for system in (s for s in REPLICATORS if s in args.systems):
-                run = partial(replication_latency, system, seconds, clusters, run_dir)
+                run = partial(replication_latency, system, seconds, clusters, run_dir, interval_ms)
                 measure(system, f"steady-{LATENCY_RATE}rps", run)
     finally:
         if started is not None:
