@@ -154,6 +154,11 @@ def exactly_once_settings(
       records and their source offsets (``mm2-offsets.<source>.internal``) in one
       transaction per task, transactional id ``<source>-mm2-MirrorSourceConnector-<task>``,
       and fences the previous task generation before starting a new one.
+    - ``exactly.once.support = required`` (global): mm2py refuses to start rather than
+      copy at-least-once. MM2's dedicated mode drops a global key its connector configs
+      do not define (MirrorMakerConfig.connectorBaseConfig), so its connectors log
+      ``exactly.once.support = requested``; its source task's transactional id in its
+      log is what shows it copies exactly once.
     - ``<source>.consumer.isolation.level = read_committed``: MirrorSourceConnector
       declares exactly-once support only for a read_committed source consumer; Java's
       default (read_uncommitted) would copy aborted source records, and commit them.
@@ -166,6 +171,7 @@ def exactly_once_settings(
     port = rest_port if rest_port is not None else _free_port()
     return {
         f"{target_alias}.exactly.once.source.support": "enabled",
+        "exactly.once.support": "required",
         f"{source_alias}.consumer.isolation.level": "read_committed",
         "dedicated.mode.enable.internal.rest": "true",
         "listeners": f"http://127.0.0.1:{port}",

@@ -232,13 +232,14 @@ def _eos_configs(
     mm2.write_text(render_properties(props))
     if mm2py_mode == "exactly-once":
         return mm2, mm2
-    plain = {k: v for k, v in props.items() if k != "B.exactly.once.source.support"}
+    off = ("B.exactly.once.source.support", "exactly.once.support")
+    plain = {k: v for k, v in props.items() if k not in off}
     mine = tmp_path / "mm2py.properties"
     mine.write_text(render_properties(plain))
     return mm2, mine
 
 
-MM2PY_MODES: list[Mode] = ["at-least-once"]
+MM2PY_MODES: list[Mode] = ["at-least-once", "exactly-once"]
 # MM2 copies in transactions: its source task's producer (Connect's id for it,
 # <worker group>-<connector>-<task>) is transactional.
 MM2_TRANSACTIONAL = "transactional.id = A-mm2-MirrorSourceConnector-0"
