@@ -6,6 +6,12 @@ there and commit, fails the group over to B with `mm2py translate-offsets --appl
 (which reads only the checkpoints on B), and reads the rest on B. The scenario
 code is replicator-agnostic: bench/failover_mm2.py runs the same cases against the
 real MirrorMaker 2 and prints its duplicates and gaps.
+
+mm2py runs every case in both modes: at-least-once, and exactly-once
+(``B.exactly.once.source.support = enabled``, ``exactly.once.support = required``),
+where B holds aborted attempts and transaction markers between the records and the
+failed-over group reads B read_committed: the offset syncs must describe committed
+records only for translation to stay exact.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
@@ -105,7 +111,9 @@ def consume_and_commit(
     consumer.subscribe([topic])
     values: list[bytes] = []
     positions: dict[int, int] = {}
-    deadline = time.monotonic() + (seconds or 60)
+    # Joining the group and the first fetch take a few seconds on a busy machine; the
+    # `seconds` of reading start with the first record.
+    deadline = time.monotonic() + 60
     started = None
     try:
         while (count is None or len(values) < count) and time.monotonic() < deadline:
@@ -127,15 +135,30 @@ def consume_and_commit(
     return values, positions
 
 
-def wait_copied(b: LocalCluster, remote: str, counts: dict[int, int], timeout: float = 60) -> None:
-    """Until the remote topic holds `counts` records per partition (targets are dense)."""
+def wait_copied(
+    b: LocalCluster,
+    remote: str,
+    counts: dict[int, int],
+    timeout: float = 60,
+    transactional: bool = False,
+) -> None:
+    """Until the remote topic holds `counts` records per partition. An at-least-once
+    target is dense (its end offset counts its records); a `transactional` one has
+    markers (and aborted attempts) between them, so its committed records are counted."""
 
     def probe() -> bool:
         try:
             ends = end_offsets(b, remote)
         except Exception:  # not created yet
             return False
-        return all(ends.get(p, 0) >= n for p, n in counts.items())
+        if not all(ends.get(p, 0) >= n for p, n in counts.items()):
+            return False
+        if not transactional:
+            return True
+        copied: dict[int, int] = {}
+        for rec in read_all(b, remote):  # read_committed, up to the stable offset
+            copied[rec.partition] = copied.get(rec.partition, 0) + 1
+        return all(copied.get(p, 0) >= n for p, n in counts.items())
 
     wait_until(probe, timeout=timeout, what=f"{counts} records in {remote}")
 
@@ -203,6 +226,8 @@ def read_rest_on_b(
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
+            # What an exactly-once target promises: once each, to read_committed readers.
+            "isolation.level": "read_committed",
         },
     )
     consumer.subscribe([remote])
@@ -267,6 +292,7 @@ class Replicator:
     prefix: str
     exact: bool = True  # mm2py: wait for exact checkpoints; MM2: take what comes
     checkpoint_timeout: float = 30.0
+    transactional: bool = False  # copies in transactions: B is not dense
 
     def names(self, case: str) -> tuple[str, str, str]:
         topic = f"{self.prefix}-{case}"
@@ -315,7 +341,7 @@ def case_far_behind(r: Replicator) -> Outcome:
     total = 100_000
     produce(r.a, topic, numbered(0, total), overrides={"linger.ms": 20})
     consumed, positions = consume_and_commit(r.a, topic, group, count=10)
-    wait_copied(r.b, remote, {0: total})
+    wait_copied(r.b, remote, {0: total}, transactional=r.transactional)
     reached = fail_over(r, group, topic, positions)
     valid = {str(n).encode() for n in range(total)}
     out = score(
@@ -330,7 +356,7 @@ def case_idle(r: Replicator) -> Outcome:
     topic, remote, group = r.names("idle")
     create_topic(r.a, topic)
     produce(r.a, topic, numbered(0, 1000))
-    wait_copied(r.b, remote, {0: 1000})
+    wait_copied(r.b, remote, {0: 1000}, transactional=r.transactional)
     time.sleep(2.0)  # idle: nothing produced, nothing copied
     consumed, positions = consume_and_commit(r.a, topic, group, count=1000)
     reached = fail_over(r, group, topic, positions)
@@ -346,7 +372,7 @@ def case_transactional(r: Replicator) -> Outcome:
     topic, remote, group = r.names("transactional")
     create_topic(r.a, topic)
     valid = produce_transactions(r.a, topic, batches=30, size=10)
-    wait_copied(r.b, remote, {0: len(valid)})
+    wait_copied(r.b, remote, {0: len(valid)}, transactional=r.transactional)
     consumed, positions = consume_and_commit(r.a, topic, group, count=95)
     reached = fail_over(r, group, topic, positions)
     read = read_rest_on_b(r.b, remote, group, valid - set(consumed))
@@ -394,7 +420,7 @@ def compact_on_a(a: LocalCluster, topic: str, timeout: float = 60) -> set[bytes]
 def case_compacted(r: Replicator) -> Outcome:
     """Compacted on A before it was copied: its offsets have gaps, B's have none."""
     topic, remote, group = r.names("compacted")
-    wait_copied(r.b, remote, {0: len(read_all(r.a, topic))})
+    wait_copied(r.b, remote, {0: len(read_all(r.a, topic))}, transactional=r.transactional)
     consumed, positions = consume_and_commit(r.a, topic, group, count=20)
     reached = fail_over(r, group, topic, positions)
     valid = {r.value or b"" for r in read_all(r.a, topic)}
@@ -411,12 +437,12 @@ def case_restart(r: Replicator, start: Callable[[], AbstractContextManager[Any]]
     create_topic(r.a, topic)
     produce(r.a, topic, numbered(0, 500))
     with start():
-        wait_copied(r.b, remote, {0: 500})
+        wait_copied(r.b, remote, {0: 500}, transactional=r.transactional)
         time.sleep(1.5)  # the replicator syncs and records its progress
     produce(r.a, topic, numbered(500, 500))
     with start():
         consumed, positions = consume_and_commit(r.a, topic, group, count=300)
-        wait_copied(r.b, remote, {0: 1000})
+        wait_copied(r.b, remote, {0: 1000}, transactional=r.transactional)
         reached = fail_over(r, group, topic, positions)
     valid = {str(n).encode() for n in range(1000)}
     out = score(
@@ -436,17 +462,34 @@ def mm2py_daemon(config: Path) -> Iterator[RunningDaemon]:
 
 # ------------------------------------------------------------------------ tests
 
+Mode = Literal["at-least-once", "exactly-once"]
+MODES: list[Mode] = ["at-least-once", "exactly-once"]
+# mm2py's exactly-once keys (MM2's): `required`, so that a config mm2py could not run
+# exactly once fails the test instead of passing at-least-once.
+EXACTLY_ONCE = {"B.exactly.once.source.support": "enabled", "exactly.once.support": "required"}
 
-@pytest.fixture(scope="module")
+
+def mode_config(tmp: Path, a: LocalCluster, b: LocalCluster, prefix: str, mode: Mode) -> Path:
+    return run_config(tmp, a, b, prefix, **(EXACTLY_ONCE if mode == "exactly-once" else {}))
+
+
+def mode_replicator(
+    a: LocalCluster, b: LocalCluster, config: Path, prefix: str, mode: Mode
+) -> Replicator:
+    return Replicator(a, b, config, prefix, transactional=mode == "exactly-once")
+
+
+@pytest.fixture(scope="module", params=MODES)
 def replicated(
-    clusters: Clusters, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, clusters: Clusters, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Replicator, RunningDaemon]]:
-    """One mm2py daemon for the cases that need no restart of their own."""
+    """One mm2py daemon per mode for the cases that need no restart of their own."""
+    mode: Mode = request.param
     a, b = clusters["A"], clusters["B"]
     prefix = f"failover-{uuid.uuid4().hex[:8]}"
-    config = run_config(tmp_path_factory.mktemp("failover"), a, b, prefix)
+    config = mode_config(tmp_path_factory.mktemp("failover"), a, b, prefix, mode)
     with mm2py_daemon(config) as daemon:
-        yield Replicator(a, b, config, prefix), daemon
+        yield mode_replicator(a, b, config, prefix, mode), daemon
 
 
 def _assert_exact(out: Outcome) -> None:
@@ -476,29 +519,37 @@ def test_failover_on_a_transactional_topic(replicated: tuple[Replicator, Running
     _assert_exact(case_transactional(replicated[0]))
 
 
+@pytest.mark.parametrize("mode", MODES)
 def test_failover_right_after_the_replicator_restarts(
-    cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path
+    cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path, mode: Mode
 ) -> None:
     prefix = f"failover-r-{uuid.uuid4().hex[:8]}"
-    config = run_config(tmp_path, cluster_a, cluster_b, prefix)
-    replicator = Replicator(cluster_a, cluster_b, config, prefix)
+    config = mode_config(tmp_path, cluster_a, cluster_b, prefix, mode)
+    replicator = mode_replicator(cluster_a, cluster_b, config, prefix, mode)
     _assert_exact(case_restart(replicator, lambda: mm2py_daemon(config)))
+
+
+def _compacted_prefix(base: str, mode: Mode) -> str:
+    # Neither prefix starts the other: each mode's daemon copies only its own topic.
+    return f"{base}-{'eos' if mode == 'exactly-once' else 'alo'}"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def compacting(clusters: Clusters) -> str:
-    """Starts compacting a topic on A first thing, as the broker's cleaner takes its time;
-    the compacted case comes last and finds it done. Returns the prefix."""
-    prefix = f"failover-c-{uuid.uuid4().hex[:8]}"
-    start_compaction(clusters["A"], f"{prefix}-compacted")
-    return prefix
+    """Starts compacting a topic per mode on A first thing, as the broker's cleaner takes
+    its time; the compacted case comes last and finds it done. Returns the base prefix."""
+    base = f"failover-c-{uuid.uuid4().hex[:8]}"
+    for mode in MODES:
+        start_compaction(clusters["A"], f"{_compacted_prefix(base, mode)}-compacted")
+    return base
 
 
+@pytest.mark.parametrize("mode", MODES)
 def test_failover_on_a_topic_compacted_before_it_was_copied(
-    cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path, compacting: str
+    cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path, compacting: str, mode: Mode
 ) -> None:
-    prefix = compacting
+    prefix = _compacted_prefix(compacting, mode)
     wait_compacted(cluster_a, f"{prefix}-compacted")
-    config = run_config(tmp_path, cluster_a, cluster_b, prefix)
+    config = mode_config(tmp_path, cluster_a, cluster_b, prefix, mode)
     with mm2py_daemon(config):
-        _assert_exact(case_compacted(Replicator(cluster_a, cluster_b, config, prefix)))
+        _assert_exact(case_compacted(mode_replicator(cluster_a, cluster_b, config, prefix, mode)))
