@@ -3,6 +3,12 @@
 D and E run SASL_PLAINTEXT with SCRAM-SHA-512 and the StandardAuthorizer; F runs
 SASL_SSL with a CA and broker certificate this module makes with `openssl`.
 Passwords must appear nowhere: not in the daemon's log, errors or /metrics.
+
+Exactly-once into a secured target needs, beyond at-least-once, the TransactionalId
+ACL for mm2py's ids (pattern PREFIXED ``<cluster.group.prefix>-``, WRITE and DESCRIBE):
+a principal with that and no wildcard id copies exactly once. Without it,
+``exactly.once.support = required`` refuses to start naming the key, and ``requested``
+copies at-least-once: tests/integration/test_exactly_once_check.py.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
@@ -33,7 +40,15 @@ from mm2py.kafka import clients
 from tests.conftest import Clusters
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.integration.test_sync import SCRAM, secured_properties
-from tests.kafka_helpers import RECENT_MS, create_topic, produce, read_all, topic_names, wait_until
+from tests.kafka_helpers import (
+    RECENT_MS,
+    create_topic,
+    end_offsets,
+    produce,
+    read_all,
+    topic_names,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -286,4 +301,139 @@ def test_a_login_refused_while_running_fails_the_source_part_naming_the_cluster(
         ]
         for future in admin.delete_acls(filters).values():
             future.result(30)
+        _scram_user(admin, user, None)
+
+
+# ---------------------------------------------------------------- exactly-once
+
+
+def _exactly_once_acls(user: str, prefix: str) -> list[AclBinding]:
+    """What an mm2py principal on the target needs to copy (any topic or group, the
+    cluster), and the one TransactionalId ACL exactly-once adds: PREFIXED `<prefix>-`,
+    WRITE and DESCRIBE (no wildcard id)."""
+    principal = f"User:{user}"
+    return [
+        AclBinding(
+            kind,
+            name,
+            ResourcePatternType.LITERAL,
+            principal,
+            "*",
+            AclOperation.ALL,
+            AclPermissionType.ALLOW,
+        )
+        for kind, name in (
+            (ResourceType.TOPIC, "*"),
+            (ResourceType.GROUP, "*"),
+            (ResourceType.BROKER, "kafka-cluster"),
+        )
+    ] + [
+        AclBinding(
+            ResourceType.TRANSACTIONAL_ID,
+            f"{prefix}-",
+            ResourcePatternType.PREFIXED,
+            principal,
+            "*",
+            operation,
+            AclPermissionType.ALLOW,
+        )
+        for operation in (AclOperation.WRITE, AclOperation.DESCRIBE)
+    ]
+
+
+def _drop(admin: Any, acls: list[AclBinding]) -> None:
+    filters = [
+        AclBindingFilter(
+            a.restype,
+            a.name,
+            a.resource_pattern_type,
+            a.principal,
+            a.host,
+            a.operation,
+            a.permission_type,
+        )
+        for a in acls
+    ]
+    for future in admin.delete_acls(filters).values():
+        future.result(30)
+
+
+def _exactly_once_config(
+    d: LocalCluster, e: LocalCluster, topic: str, user: str, password: str, prefix: str
+) -> str:
+    """D -> E, E logged in as `user`, exactly-once required into E."""
+    settings = {
+        "cluster.group.prefix": prefix,
+        "E.exactly.once.source.support": "enabled",
+        "exactly.once.support": "required",
+        "sync.topic.acls.enabled": "false",
+        "D.sasl.jaas.config": f'{SCRAM} required username="admin" password="{d.users["admin"]}";',
+        "E.sasl.jaas.config": f'{SCRAM} required username="{user}" password="{password}";',
+    }
+    for alias in ("D", "E"):
+        settings[f"{alias}.security.protocol"] = "SASL_PLAINTEXT"
+        settings[f"{alias}.sasl.mechanism"] = "SCRAM-SHA-512"
+    return mm2_properties(d, e, topic, **settings)
+
+
+def _produce_with_aborts(d: LocalCluster, topic: str) -> int:
+    """Ten transactions of ten records into `topic` on D, every third aborted, then ten
+    plain records; return how many are committed."""
+    producer = Producer(dict(d.client_properties(), **{"transactional.id": f"tx-{topic}"}))
+    producer.init_transactions(30)
+    committed = 0
+    for batch in range(10):
+        producer.begin_transaction()
+        for i in range(10):
+            n = batch * 10 + i
+            producer.produce(topic, value=f"v{n}".encode(), partition=0, timestamp=RECENT_MS + n)
+        if batch % 3 == 1:
+            producer.abort_transaction(30)
+        else:
+            producer.commit_transaction(30)
+            committed += 10
+    plain: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]], int]]
+    plain = [(0, None, f"v{100 + i}".encode(), [], RECENT_MS + 100 + i) for i in range(10)]
+    return committed + produce(d, topic, plain)
+
+
+def test_exactly_once_into_a_secured_target_with_the_transactional_id_prefix_acl(
+    clusters: Clusters, unique: str, tmp_path: Path
+) -> None:
+    d, e = clusters["D"], clusters["E"]
+    user, password = f"eos-{uuid.uuid4().hex[:8]}", f"pw-{uuid.uuid4().hex}"
+    prefix = f"mm2py-eos-{uuid.uuid4().hex[:8]}"
+    admin = clients.admin_client(e.client_properties())
+    _scram_user(admin, user, password)
+    acls = _exactly_once_acls(user, prefix)
+    for future in admin.create_acls(acls).values():
+        future.result(30)
+    try:
+        create_topic(d, unique)
+        committed = _produce_with_aborts(d, unique)
+        config = tmp_path / "mm2.properties"
+        config.write_text(_exactly_once_config(d, e, unique, user, password, prefix))
+        remote = f"D.{unique}"
+        with running_daemon(config) as daemon:
+            copied = wait_until(
+                lambda: (
+                    read_all(e, remote, expected=committed) if remote in topic_names(e) else None
+                ),
+                timeout=90,
+                what=f"{committed} committed records in {remote} on E",
+            )
+            # read_committed on both sides: every committed record once, none aborted.
+            assert len(copied) == committed
+            assert [r.content() for r in read_all(e, remote)] == [
+                r.content() for r in read_all(d, unique)
+            ]
+            # Written in transactions: their commit markers sit between the records.
+            assert sum(end_offsets(e, remote).values()) > committed
+            assert daemon.stop()[0] == 0
+            log = daemon.log()
+        assert "D->E copies exactly-once (exactly.once.support = required)" in log
+        for secret in (password, d.users["admin"], e.users["admin"]):
+            assert secret not in log
+    finally:
+        _drop(admin, acls)
         _scram_user(admin, user, None)
