@@ -27,12 +27,6 @@ from tests.faults_scenario import SEED, Mode, Outcome, run_scenario
 # The clusters' fixtures start A and B for the session if they do not run yet.
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("cluster_a", "cluster_b")]
 
-EXACTLY_ONCE_PENDING = pytest.mark.xfail(
-    strict=True,
-    reason="exactly-once is not switched on in mm2py's tasks yet (issue 12, the lead's "
-    "core): B.exactly.once.source.support = enabled still copies at-least-once",
-)
-
 
 def _seed() -> int:
     return int(os.environ.get("MM2PY_FAULTS_SEED", SEED))
@@ -57,7 +51,6 @@ def test_at_least_once_loses_nothing_under_kills_broker_loss_and_a_zombie(
     assert not outcome.crashes, outcome.report()
 
 
-@EXACTLY_ONCE_PENDING
 @pytest.mark.timeout(480)
 def test_exactly_once_copies_every_record_once_in_order_under_kills_broker_loss_and_a_zombie(
     clusters: Clusters, tmp_path: Path, unique: str
