@@ -12,6 +12,7 @@ reader of the remote topic must see exactly the committed source records, in ord
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections import defaultdict
@@ -307,4 +308,65 @@ def test_mirrormaker2_in_exactly_once_mode_continues_where_mm2py_stopped(
             )
             producer.stop()
             assert producer.aborted > 0
+            _assert_exactly_once_copy(cluster_a, cluster_b, unique)
+
+
+# A writer killed mid-transaction leaves it open; the next writer has another
+# transactional id (MM2's and mm2py's differ), so it cannot fence it: the brokers abort
+# it after the dead writer's transaction.timeout.ms (60 s, Connect's and mm2py's), and
+# until then read_committed readers of the remote topic wait at that transaction.
+AFTER_KILL_TIMEOUT = 150
+
+
+def test_mm2py_in_exactly_once_mode_continues_after_mirrormaker2_is_killed(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
+) -> None:
+    create_topic(cluster_a, unique, partitions=PARTITIONS)
+    config, _same = _eos_configs(tmp_path, cluster_a, cluster_b, unique, "exactly-once")
+    remote = f"A.{unique}"
+    with LiveProducer(cluster_a, unique) as producer:
+        producer.wait_committed(200)
+        with RealMirrorMaker(config, tmp_path / "mm2") as mm2:
+            mm2.wait_replicating(unique)
+            mm2.wait_for_log(MM2_TRANSACTIONAL, timeout=5)
+            wait_until(lambda: _committed_count(cluster_b, remote) >= 200, timeout=90)
+            mm2.kill()  # SIGKILL while copying: a transaction open, progress in it
+        handed_over = _committed_count(cluster_b, remote)
+        with running_daemon(config) as daemon:
+            wait_until(
+                lambda: _committed_count(cluster_b, remote) >= handed_over + 200,
+                timeout=AFTER_KILL_TIMEOUT,
+                interval=1.0,
+                what="mm2py copying after MM2 was killed",
+            )
+            producer.stop()
+            _assert_exactly_once_copy(cluster_a, cluster_b, unique)
+            assert daemon.stop()[0] == 0
+
+
+def test_mirrormaker2_in_exactly_once_mode_continues_after_mm2py_is_killed(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
+) -> None:
+    create_topic(cluster_a, unique, partitions=PARTITIONS)
+    config, _same = _eos_configs(tmp_path, cluster_a, cluster_b, unique, "exactly-once")
+    remote = f"A.{unique}"
+    with LiveProducer(cluster_a, unique) as producer:
+        producer.wait_committed(200)
+        with running_daemon(config) as daemon:
+            wait_until(
+                lambda: _committed_count(cluster_b, remote) >= 200,
+                timeout=90,
+                what="mm2py copying",
+            )
+            daemon.stop(signal.SIGKILL)  # its task processes die with it
+        handed_over = _committed_count(cluster_b, remote)
+        with RealMirrorMaker(config, tmp_path / "mm2") as mm2:
+            mm2.wait_replicating(unique)
+            wait_until(
+                lambda: _committed_count(cluster_b, remote) >= handed_over + 200,
+                timeout=AFTER_KILL_TIMEOUT,
+                interval=1.0,
+                what="MM2 copying after mm2py was killed",
+            )
+            producer.stop()
             _assert_exactly_once_copy(cluster_a, cluster_b, unique)
