@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Final, NoReturn
 
 __all__ = [
+    "AFTER_START_SYNC_HEADER",
     "CONTIGUOUS_SYNC_HEADER",
     "DEFAULT_OFFSET_STORAGE_PARTITIONS",
     "SOURCE_CONNECTOR_NAME",
@@ -43,6 +44,7 @@ __all__ = [
     "SourceProgressKey",
     "decode_progress_value",
     "encode_progress_value",
+    "is_after_start_sync",
     "is_contiguous_sync",
     "murmur2",
     "partition_for_key",
@@ -175,9 +177,21 @@ def _check_version(version: int, where: str) -> None:
 CONTIGUOUS_SYNC_HEADER: tuple[str, bytes] = ("mm2py.daemon.parts.sync", b"contiguous")
 
 
+# And the first sync it writes for a partition after a (re)start: a writer that died
+# may not have sent its last syncs (they are written after the records are
+# acknowledged, exactly-once: committed), so the records between the sync before this
+# one and this one are not known to be contiguous.
+AFTER_START_SYNC_HEADER: tuple[str, bytes] = ("mm2py.sync.after-start", b"1")
+
+
 def is_contiguous_sync(headers: object) -> bool:
     """Whether a sync record's headers (a list of (key, value) pairs) carry mm2py's mark."""
     return isinstance(headers, list) and CONTIGUOUS_SYNC_HEADER in headers
+
+
+def is_after_start_sync(headers: object) -> bool:
+    """Whether a sync is the first its writer wrote for the partition after a start."""
+    return isinstance(headers, list) and AFTER_START_SYNC_HEADER in headers
 
 
 @dataclass(frozen=True, slots=True)

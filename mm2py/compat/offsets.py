@@ -20,6 +20,12 @@ the replicator's next sync covers N (it writes its latest copied record every
 second), which is why a checkpoint is re-emitted when its translation improves.
 `Translation.exact` says which of the two a result is.
 
+A writer that stops without sending its last syncs (killed after records were
+acknowledged, or after a transaction committed) leaves a span whose distance changes
+may be unsynced: the first sync a writer sends for a partition after it starts is
+marked (`formats.AFTER_START_SYNC_HEADER`), and the records between the sync before it
+and it translate as across a compaction gap (below): one past the earlier sync.
+
 The syncs topic is compacted once its records are older than the source part's
 min.compaction.lag.ms (a week): only the newest sync per partition survives from
 that old part. Where syncs may be missing between two that remain (the store sees
@@ -163,12 +169,20 @@ class OffsetSyncStore:
         self._gaps_at: dict[tuple[str, int], int] = {}
         self._contiguous: dict[tuple[str, int], bool] = {}
 
-    def add(self, sync: OffsetSync, log_offset: int | None = None, contiguous: bool = True) -> None:
+    def add(
+        self,
+        sync: OffsetSync,
+        log_offset: int | None = None,
+        contiguous: bool = True,
+        after_start: bool = False,
+    ) -> None:
         """Add a sync read from the syncs topic.
 
         `contiguous` says its writer promises a sync wherever offsets stop advancing
         together (mm2py's mark, see `formats.CONTIGUOUS_SYNC_HEADER`): only between two
-        such syncs are the records in between known to be contiguous.
+        such syncs are the records in between known to be contiguous. `after_start`:
+        the first sync of its writer after a start (`formats.AFTER_START_SYNC_HEADER`),
+        so syncs just before it may never have been written.
         """
         key = (sync.topic, sync.partition)
         if log_offset is not None:
@@ -179,7 +193,7 @@ class OffsetSyncStore:
         if syncs is None:
             syncs = self.partitions[key] = PartitionSyncs()
         after_gap = key in self._gaps_at and self._gaps_at[key] != self._log_gaps
-        after_gap = after_gap or not (contiguous and self._contiguous.get(key, True))
+        after_gap = after_gap or after_start or not (contiguous and self._contiguous.get(key, True))
         self._gaps_at[key] = self._log_gaps
         self._contiguous[key] = contiguous
         syncs.add(sync.upstream_offset, sync.downstream_offset, after_gap)

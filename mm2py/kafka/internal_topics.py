@@ -18,7 +18,12 @@ from collections.abc import Callable, Mapping
 
 from confluent_kafka import Message
 
-from mm2py.compat.formats import Checkpoint, OffsetSync, is_contiguous_sync
+from mm2py.compat.formats import (
+    Checkpoint,
+    OffsetSync,
+    is_after_start_sync,
+    is_contiguous_sync,
+)
 from mm2py.compat.offsets import OffsetSyncStore
 from mm2py.kafka.reader import READ_TIMEOUT, TopicReader
 
@@ -84,7 +89,13 @@ class OffsetSyncTail:
                 exc,
             )
             return
-        self.store.add(sync, msg.offset(), contiguous=is_contiguous_sync(msg.headers()))
+        headers = msg.headers()
+        self.store.add(
+            sync,
+            msg.offset(),
+            contiguous=is_contiguous_sync(headers),
+            after_start=is_after_start_sync(headers),
+        )
 
 
 def load_checkpoints(

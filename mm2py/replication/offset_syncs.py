@@ -7,7 +7,11 @@ source partition:
 - wherever the distance between source and target offsets changes (a gap on either
   side: transaction markers, aborted or compacted records on the source, another
   writer on the target),
-- for the latest copied record whenever progress is recorded.
+- for the latest copied record whenever progress is recorded;
+
+and the first one of a partition after a start is marked as such: a writer killed
+before it sent its last syncs leaves nothing proven between the sync before that one
+and it (mm2py.compat.offsets translates there conservatively).
 
 Between two syncs the offsets advance together, so any source offset maps to the
 target offset of the first record at or after it. The daemon's copy loop and the
@@ -24,7 +28,7 @@ from typing import Any
 from confluent_kafka.admin import AdminClient
 
 from mm2py.compat.flow import FlowRules
-from mm2py.compat.formats import CONTIGUOUS_SYNC_HEADER, OffsetSync
+from mm2py.compat.formats import AFTER_START_SYNC_HEADER, CONTIGUOUS_SYNC_HEADER, OffsetSync
 from mm2py.kafka.produce import produce_when_room
 from mm2py.kafka.topics import ensure_internal_topic
 
@@ -67,16 +71,22 @@ class OffsetSyncWriter:
         self.topic = topic
         self.failures: list[str] = []
         self._producer = producer
+        self._started: set[tuple[str, int]] = set()  # partitions synced since this start
 
     def _delivered(self, err: Any, _msg: Any) -> None:
         if err is not None:
             self.failures.append(err.str())
 
     def write(self, topic: str, partition: int, upstream: int, downstream: int) -> None:
-        """Send one sync (waits for room when the producer's queue is full)."""
+        """Send one sync (waits for room when the producer's queue is full); the first
+        of a partition carries AFTER_START_SYNC_HEADER too."""
         sync = OffsetSync(topic, partition, upstream, downstream)
         args = (self.topic, sync.encode_value(), sync.encode_key(), 0)
-        kwargs = {"headers": [CONTIGUOUS_SYNC_HEADER], "on_delivery": self._delivered}
+        headers = [CONTIGUOUS_SYNC_HEADER]
+        if (topic, partition) not in self._started:
+            self._started.add((topic, partition))
+            headers.append(AFTER_START_SYNC_HEADER)
+        kwargs = {"headers": headers, "on_delivery": self._delivered}
         produce_when_room(self._producer, args, kwargs)
 
     def poll(self) -> None:

@@ -156,3 +156,19 @@ def test_marked_syncs_after_unmarked_ones_are_not_merged_away() -> None:
         store.add(OffsetSync("t", 0, upstream, upstream), contiguous=False)
     assert store.partitions[("t", 0)].upstream == [0, 10, 20]
     assert store.translation("t", 0, 15) == Translation(11, exact=False)
+
+
+def test_the_first_sync_after_a_start_proves_nothing_about_the_span_before_it() -> None:
+    # A writer synced (0, 0), then copied 1..49 with a source gap at 20..21 (markers:
+    # 22 landed at 20) and died before it sent that sync; the next writer started at 50.
+    store = OffsetSyncStore()
+    store.add(OffsetSync("t", 0, 0, 0))
+    store.add(OffsetSync("t", 0, 50, 48), after_start=True)
+    # 0 + 30 would be past the record at source offset 30 (target 28): not claimed.
+    assert store.translation("t", 0, 30) == Translation(1, exact=False)
+    assert store.translation("t", 0, 50) == Translation(48, exact=True)
+    # Without the mark the two syncs would vouch for the records between them.
+    trusting = OffsetSyncStore()
+    trusting.add(OffsetSync("t", 0, 0, 0))
+    trusting.add(OffsetSync("t", 0, 50, 48))
+    assert trusting.translation("t", 0, 30) == Translation(30, exact=True)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
-from mm2py.compat.formats import CONTIGUOUS_SYNC_HEADER, OffsetSync
+from mm2py.compat.formats import AFTER_START_SYNC_HEADER, CONTIGUOUS_SYNC_HEADER, OffsetSync
 from mm2py.replication.client_settings import (
     CONSUMER_REQUIRED,
     PRODUCER_REQUIRED,
@@ -203,15 +203,18 @@ def _queue(loop: CopyLoop, *offsets: int, topic: str = "t", partition: int = 0) 
 
 
 def _syncs(loop: CopyLoop) -> list[tuple[str, int, int, int]]:
-    """The offset syncs written, decoded, in order."""
+    """The offset syncs written, decoded, in order (each partition's first marked as the
+    first after a start)."""
     assert loop.syncs is not None
     fake: FakeProducer = loop.syncs._producer
     fake.poll()
     out = []
     for record in fake.written:
-        assert record.headers() == [CONTIGUOUS_SYNC_HEADER]
         assert record.topic() == "mm2-offset-syncs.B.internal" and record.partition() == 0
         sync = OffsetSync.decode(record.key(), record.value())
+        first = all((t, p) != (sync.topic, sync.partition) for t, p, _u, _d in out)
+        marks = [CONTIGUOUS_SYNC_HEADER, *([AFTER_START_SYNC_HEADER] if first else [])]
+        assert record.headers() == marks
         out.append((sync.topic, sync.partition, sync.upstream_offset, sync.downstream_offset))
     return out
 
