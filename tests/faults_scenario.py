@@ -68,6 +68,8 @@ SOURCE_STOP_S = 20.0
 # Starting three nodes on the busy 2-core machine: interpreters, imports, the group,
 # a task process each.
 START_TIMEOUT = 90.0
+# What a node logs when it copies at-least-once though exactly-once was requested.
+FALLBACK = "copies at-least-once, not exactly-once"
 # Nodes that crash (die of a signal we did not send) are restarted up to this many times.
 MAX_CRASHES = 5
 # Producing goes on this long after the last fault.
@@ -301,6 +303,7 @@ class Nodes:
         self.note = note
         self.killed: set[int] = set()  # pids we killed: their exit is no failure
         self.crashes: list[str] = []
+        self.started: list[RunningDaemon] = []
         self._stack = ExitStack()
 
     def __enter__(self) -> Nodes:
@@ -323,7 +326,18 @@ class Nodes:
         return self._stack.__exit__(exc_type, exc, tb)
 
     def _start(self) -> RunningDaemon:
-        return self._stack.enter_context(running_daemon(self.config))
+        node = self._stack.enter_context(running_daemon(self.config))
+        self.started.append(node)
+        return node
+
+    def at_least_once(self) -> list[str]:
+        """The logs of nodes that settled for at-least-once where exactly-once was asked
+        (mm2py.replication.exactly_once: the target's answer at their start)."""
+        return [
+            str(node.log_path)
+            for node in self.started
+            if node.log_path.exists() and FALLBACK in node.log()
+        ]
 
     def check(self) -> None:
         """Restart a node that crashed; raise if one exited by itself."""
@@ -432,6 +446,8 @@ class Outcome:
     timeline: list[str] = field(default_factory=list)
     caught_up: bool = False
     crashes: list[str] = field(default_factory=list)  # nodes that died of a signal not ours
+    # Logs of nodes that copied at-least-once though exactly-once was asked.
+    fell_back: list[str] = field(default_factory=list)
 
     @property
     def total(self) -> Counts:
@@ -452,6 +468,7 @@ class Outcome:
             f"{t.duplicated}, out of order {t.out_of_order}, foreign {t.foreign}; "
             f"node crashes: {len(self.crashes)}",
             *(f"  crash: {crash}" for crash in self.crashes),
+            *(f"  copied at-least-once, not exactly-once: {log}" for log in self.fell_back),
             *(f"  partition {p}: {c}" for p, c in sorted(self.per_partition.items())),
         ]
         return "\n".join(lines)
@@ -628,6 +645,8 @@ def _run(
         _source_check(a, topic, produced)
         copies = _read_copies(b, remote)
         outcome.per_partition = {p: count(produced[p], copies[p]) for p in range(PARTITIONS)}
+        if mode == "exactly-once":
+            outcome.fell_back = nodes.at_least_once()
         note("remote topic read (read_committed) and counted")
 
 
