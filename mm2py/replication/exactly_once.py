@@ -24,6 +24,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -39,7 +40,31 @@ log = logging.getLogger(__name__)
 REACH_TIMEOUT = 5.0
 INIT_TIMEOUT = 30.0
 
-Check = Callable[[FlowConfig, ClusterConfig, str], "str | None"]
+# A target that answered nothing in time proves nothing: its brokers or its transaction
+# coordinator may be down for a moment (a restart, a coordinator loading its log).
+_UNCERTAIN = frozenset(
+    {
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    }
+)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a target does not take a flow's transactions. `certain` is False when it only
+    gave no answer in time: a flow that requests exactly-once then keeps it (its tasks
+    retry until the target answers) rather than settle for less because of a blip."""
+
+    reason: str
+    certain: bool = True
+
+
+Check = Callable[[FlowConfig, ClusterConfig, str], "Refusal | None"]
 
 
 def transactional_id(prefix: str, source: str, target: str, task: int | str) -> str:
@@ -57,7 +82,7 @@ class _QuietLog:
         log.debug(fmt, *args)
 
 
-def check_transactions(flow: FlowConfig, target: ClusterConfig, prefix: str) -> str | None:
+def check_transactions(flow: FlowConfig, target: ClusterConfig, prefix: str) -> Refusal | None:
     """Why `target` refuses the transactions of `flow`, or None when it accepts them (or
     gives no answer, or refuses the login: not this check's to report).
 
@@ -95,8 +120,12 @@ def check_transactions(flow: FlowConfig, target: ClusterConfig, prefix: str) -> 
     return None
 
 
-def refusal(err: KafkaError, alias: str, props: dict[str, str], prefix: str, tid: str) -> str:
+def refusal(err: KafkaError, alias: str, props: dict[str, str], prefix: str, tid: str) -> Refusal:
     """What a failed init_transactions of id `tid` on cluster `alias` means, and what to do."""
+    return Refusal(_reason(err, alias, props, prefix, tid), err.code() not in _UNCERTAIN)
+
+
+def _reason(err: KafkaError, alias: str, props: dict[str, str], prefix: str, tid: str) -> str:
     user = props.get("sasl.username")
     who = f"User:{user}" if user else "the principal mm2py logs in as"
     code = err.code()
@@ -141,9 +170,10 @@ def settle_exactly_once(
             )
         )
     at_least_once: set[str] = set()
-    for flow, reason in zip(asking, reasons, strict=True):
+    for flow, refused in zip(asking, reasons, strict=True):
         key = flow.settings.exactly_once_key
-        if reason is None:
+        reason = refused.reason if refused is not None else ""
+        if refused is None:
             log.info("%s copies exactly-once (%s = %s)", flow.name, key, flow.settings.exactly_once)
         elif flow.settings.exactly_once == "required":
             raise ConfigError(
@@ -151,6 +181,14 @@ def settle_exactly_once(
                 key,
                 f"required, but {flow.name} cannot copy exactly-once: {reason};"
                 f" or set {key} = requested to copy at-least-once",
+            )
+        elif not refused.certain:
+            log.warning(
+                "%s copies exactly-once, though cluster %s could not be checked: %s; its"
+                " tasks retry until it answers",
+                flow.name,
+                flow.target,
+                reason,
             )
         else:
             log.warning(

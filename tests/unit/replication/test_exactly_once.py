@@ -11,6 +11,7 @@ from confluent_kafka import KafkaError
 from mm2py.config import ClusterConfig, ConfigError, FlowConfig, MirrorConfig, load_config
 from mm2py.replication import exactly_once
 from mm2py.replication.exactly_once import (
+    Refusal,
     check_transactions,
     refusal,
     settle_exactly_once,
@@ -38,9 +39,10 @@ class FakeCheck:
         self.refused = refused
         self.calls: list[tuple[str, str, str]] = []
 
-    def __call__(self, flow: FlowConfig, target: ClusterConfig, prefix: str) -> str | None:
+    def __call__(self, flow: FlowConfig, target: ClusterConfig, prefix: str) -> Refusal | None:
         self.calls.append((flow.name, target.alias, prefix))
-        return self.refused.get(target.alias)
+        reason = self.refused.get(target.alias)
+        return None if reason is None else Refusal(reason, certain="no answer" not in reason)
 
 
 def test_transactional_ids_are_the_group_id_and_the_task() -> None:
@@ -51,25 +53,25 @@ def test_transactional_ids_are_the_group_id_and_the_task() -> None:
 def test_refusals_name_the_cluster_and_what_to_grant() -> None:
     props = {"sasl.username": "mirror", "sasl.password": "Never-Shown"}
     denied = KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "denied")
-    assert refusal(denied, "B", props, "team1", "team1-A->B-probe") == (
+    assert refusal(denied, "B", props, "team1", "team1-A->B-probe").reason == (
         "cluster B refuses the transactional id team1-A->B-probe"
         " (TRANSACTIONAL_ID_AUTHORIZATION_FAILED): grant User:mirror WRITE and DESCRIBE on"
         " TransactionalId prefix 'team1-' (pattern PREFIXED)"
     )
     idempotence = KafkaError(KafkaError.CLUSTER_AUTHORIZATION_FAILED, "denied")
-    assert "grant the principal mm2py logs in as IDEMPOTENT_WRITE on the cluster" in refusal(
-        idempotence, "B", {}, "team1", "x"
+    assert "grant the principal mm2py logs in as IDEMPOTENT_WRITE on the cluster" in (
+        refusal(idempotence, "B", {}, "team1", "x").reason
     )
     no_coordinator = KafkaError(KafkaError._TIMED_OUT, "timed out")
-    assert "gave no transaction coordinator within 30 s" in refusal(
-        no_coordinator, "B", props, "team1", "x"
-    )
+    uncertain = refusal(no_coordinator, "B", props, "team1", "x")
+    assert "gave no transaction coordinator within 30 s" in uncertain.reason
+    assert not uncertain.certain  # only no answer: a requested flow keeps exactly-once
     other = KafkaError(KafkaError.UNSUPPORTED_VERSION, "too old")
-    assert refusal(other, "B", props, "team1", "x") == (
-        "cluster B refuses transactions (UNSUPPORTED_VERSION: too old)"
+    assert refusal(other, "B", props, "team1", "x") == Refusal(
+        "cluster B refuses transactions (UNSUPPORTED_VERSION: too old)", certain=True
     )
     for err in (denied, idempotence, no_coordinator, other):
-        assert "Never-Shown" not in refusal(err, "B", props, "team1", "x")
+        assert "Never-Shown" not in refusal(err, "B", props, "team1", "x").reason
 
 
 def test_every_flow_that_asks_is_checked_with_its_prefix(
@@ -123,6 +125,20 @@ def test_requested_and_refused_copies_at_least_once_with_one_warning(
     after = settled.flow("A", "C").settings
     assert after.tasks_max == 3 and after.model_fields_set == {"tasks_max", "cluster_group_prefix"}
     assert config.flow("A", "C").settings.exactly_once == "requested"  # a new config
+
+
+def test_requested_keeps_exactly_once_when_the_target_only_gave_no_answer(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = load(tmp_path, BASE)
+    check = FakeCheck({"C": "cluster C gave no answer (a coordinator loading)"})
+    with caplog.at_level(logging.WARNING):
+        settled = settle_exactly_once(config, config.enabled_flows(), check)
+    assert settled is config
+    assert [r.getMessage() for r in caplog.records] == [
+        "A->C copies exactly-once, though cluster C could not be checked: cluster C gave no"
+        " answer (a coordinator loading); its tasks retry until it answers"
+    ]
 
 
 def test_a_target_that_does_not_answer_is_not_judged(
