@@ -13,10 +13,10 @@ MM2's keys (Kafka Connect's, KIP-618), with MM2's meaning:
 - ``transaction.boundary`` = poll | interval | connector (global or ``A->B.``): poll
   commits after every batch read (interval 0), interval every
   ``transaction.boundary.interval.ms``; connector is refused, as Connect refuses it
-  for MirrorSourceConnector (it defines no boundaries). Unset: the interval, whose
-  mm2py default is models.DEFAULT_TRANSACTION_INTERVAL_MS (Connect's default is poll:
-  a commit per batch costs throughput, while 100 ms already bounds how long a
-  read_committed reader waits for a record).
+  for MirrorSourceConnector (it defines no boundaries). Unset: a commit once a task
+  has read what the source had (as poll), and at least every
+  models.DEFAULT_TRANSACTION_INTERVAL_MS while it is behind
+  (`FlowSettings.commit_when_caught_up`).
 
 Where a key is set in several places the most specific wins: ``A->B.``, then ``B.``,
 then global. The source consumer must read committed records, as MM2's

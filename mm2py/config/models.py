@@ -32,10 +32,12 @@ from mm2py.config.errors import ConfigError
 ClientRole = Literal["consumer", "producer", "admin"]
 # How a flow copies: at-least-once ("off") or exactly-once, as asked by exactly.once.support.
 ExactlyOnceMode = Literal["off", "requested", "required"]
-# How often a task commits its transaction unless transaction.boundary(.interval.ms) says:
-# the latency a read_committed reader waits against the cost of a commit (mm2py's default;
-# Connect's is a transaction per batch, transaction.boundary = poll).
-DEFAULT_TRANSACTION_INTERVAL_MS = 100
+# Unless transaction.boundary(.interval.ms) says otherwise, a task commits as soon as it has
+# copied what the source had (its last batch was not full: Connect's poll boundary, a
+# transaction per batch), and, while it is behind, at least this often: the stall of each
+# commit (~0.1 s: the next transaction registers its partitions before it sends) is spread
+# over a second of records, and a reader waits about one commit, not the interval.
+DEFAULT_TRANSACTION_INTERVAL_MS = 1000
 ClientValue = str | SecretStr
 PeriodicTask = Literal[
     "refresh.topics",
@@ -295,6 +297,13 @@ class FlowSettings(BaseModel):
         worked out: unlike model_copy, they are not counted among the keys the config
         file set (model_fields_set, which the Connect API shows under MM2's names)."""
         return FlowSettings.model_construct(self.model_fields_set, **{**dict(self), **values})
+
+    @property
+    def commit_when_caught_up(self) -> bool:
+        """Exactly-once: commit as soon as the source is read to its end, not only every
+        interval (the default: DEFAULT_TRANSACTION_INTERVAL_MS); False when the config
+        sets ``transaction.boundary.interval.ms``, which then says when, as in MM2."""
+        return "transaction_boundary_interval_ms" not in self.model_fields_set
 
     @property
     def admin_timeout(self) -> float:

@@ -37,7 +37,12 @@ reading the statistics.
 
 Exactly-once (`Transactions` given): the producer is transactional. A transaction
 opens with the first batch after a commit and commits every `Transactions.interval`
-(mm2py.replication.transactions): once every record is acknowledged, the progress
+(mm2py.replication.transactions), or with `Transactions.when_caught_up` as soon as a
+batch comes back short of BATCH_SIZE (the loop has read all the source had): records
+then wait for one commit's round trip, not for the interval, while a loop that is
+behind still commits only every interval, amortising each commit's stall (the
+producer idles from the commit until its next transaction's partitions are
+registered). Once every record is acknowledged, the progress
 of the partitions it copied is written in it, so records and progress are recorded
 together or not at all. Offset syncs and the statistics (records copied, replication
 latency: until the commit, when read_committed readers see the records) wait for the
@@ -120,10 +125,12 @@ class OffsetResetLog:
 @dataclass(frozen=True)
 class Transactions:
     """How the loop copies exactly-once: its producer is transactional (initialised),
-    and commits every `interval` seconds (0: after every batch)."""
+    and commits every `interval` seconds (0: after every batch), and also after any
+    batch short of BATCH_SIZE when `when_caught_up`."""
 
     interval: float
     log: TransactionLog
+    when_caught_up: bool = False
 
 
 class PartitionRejected(TransactionFailed):
@@ -482,7 +489,10 @@ class CopyLoop:
                 raise PartitionRejected(self._rejected)
             if self._txn.log.failure is not None:
                 raise TransactionFailed(self._txn.log.failure)
-            if self._txn_open and time.monotonic() >= self._txn_due:
+            if self._txn_open and (
+                (self._txn.when_caught_up and len(msgs) < BATCH_SIZE)
+                or time.monotonic() >= self._txn_due
+            ):
                 self.commit_transaction()
         return True
 

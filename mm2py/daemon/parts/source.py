@@ -180,7 +180,11 @@ class SourcePart(FlowPart):
             )
             producer.init_transactions(transactions.INIT_TIMEOUT)  # fences the previous owner
             self._fence_earlier_splits(target_admin, target_props)
-            txns = Transactions(flow.settings.transaction_boundary_interval_ms / 1000, txn_log)
+            txns = Transactions(
+                flow.settings.transaction_boundary_interval_ms / 1000,
+                txn_log,
+                when_caught_up=flow.settings.commit_when_caught_up,
+            )
             stored = progress.load(EXACTLY_ONCE_LOAD_TIMEOUT, past_open_transactions=True)
         else:
             producer = clients.producer(

@@ -92,7 +92,8 @@ def test_defaults_at_least_once_and_the_default_commit_interval(tmp_path: Path) 
     for flow in config.flows:
         assert flow.settings.exactly_once == "off"
         assert flow.settings.transaction_boundary_interval_ms == DEFAULT_TRANSACTION_INTERVAL_MS
-    assert DEFAULT_TRANSACTION_INTERVAL_MS == 100
+        assert flow.settings.commit_when_caught_up  # and at least every interval when behind
+    assert DEFAULT_TRANSACTION_INTERVAL_MS == 1000
 
 
 def test_the_most_specific_place_wins(tmp_path: Path) -> None:
@@ -140,6 +141,9 @@ def test_commit_interval_per_flow_and_poll(
     assert config.flow("A", "B").settings.transaction_boundary_interval_ms == 20
     assert config.flow("A", "C").settings.transaction_boundary_interval_ms == 0
     assert config.flow("B", "A").settings.transaction_boundary_interval_ms == 500
+    # An interval the config sets is when a task commits, as in MM2.
+    assert not config.flow("A", "B").settings.commit_when_caught_up
+    assert not config.flow("B", "A").settings.commit_when_caught_up
     [line] = [r.getMessage() for r in caplog.records]
     assert line == (
         f"{tmp_path / 'mm2.properties'}: transaction.boundary.interval.ms: ignored:"

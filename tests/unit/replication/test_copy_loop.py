@@ -17,6 +17,7 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
 from mm2py.compat.formats import AFTER_START_SYNC_HEADER, CONTIGUOUS_SYNC_HEADER, OffsetSync
+from mm2py.replication import copy_loop
 from mm2py.replication.client_settings import (
     CONSUMER_REQUIRED,
     PRODUCER_REQUIRED,
@@ -440,6 +441,7 @@ class FakeTransactionalProgress(FakeProgress):
 
 def _eos_loop(
     failed: dict[tuple[str, int], str] | None = None,
+    when_caught_up: bool = False,
 ) -> tuple[CopyLoop, FakeTransactionalProducer]:
     consumer, producer = FakeConsumer(), FakeTransactionalProducer()
     syncs = OffsetSyncWriter(FakeProducer(), "mm2-offset-syncs.B.internal")
@@ -452,7 +454,11 @@ def _eos_loop(
         syncs,
         ReplicationStats("A", "B"),
         {},
-        transactions=Transactions(interval=3600.0, log=TransactionLog(logging.getLogger("t"))),
+        transactions=Transactions(
+            interval=3600.0,
+            log=TransactionLog(logging.getLogger("t")),
+            when_caught_up=when_caught_up,
+        ),
         failed=failed,
     )
     return loop, producer
@@ -482,6 +488,21 @@ def test_exactly_once_commits_records_with_their_progress_then_writes_syncs_and_
     loop.copy_batch(_never)
     loop.commit_transaction()
     assert len(producer.commits) == 1
+
+
+def test_exactly_once_caught_up_commits_at_once_behind_waits_for_the_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop, producer = _eos_loop(when_caught_up=True)
+    loop.assign([NewPartition("t", 0, "A.t")], {})
+    monkeypatch.setattr(copy_loop, "BATCH_SIZE", 3)
+    _queue(loop, 0, 1, 2, 3)
+    loop.copy_batch(_never)  # a full batch: behind, the transaction stays open
+    assert producer.commits == []
+    loop.copy_batch(_never)  # the rest, short of a batch: caught up, it commits
+    [committed] = producer.commits
+    assert [r.value() for r in committed][-1] == b"t-0:3"
+    assert loop.stats.partition("A.t", 0).records == 4
 
 
 def test_exactly_once_rejected_record_aborts_and_the_next_loop_leaves_its_partition_out() -> None:
