@@ -247,12 +247,12 @@ class MemberPart(Part):
 def broker_protocols(admin: AdminClient, timeout: float) -> str | None:
     """The group protocols the target's brokers serve, or None if it cannot be told."""
     try:
-        cluster = clients.admin_result(admin.describe_cluster(request_timeout=timeout), timeout)
-        broker = ConfigResource(ResourceType.BROKER, str(cluster.nodes[0].id))
+        broker_id = min(clients.cluster_metadata(admin, timeout).brokers)
+        broker = ConfigResource(ResourceType.BROKER, str(broker_id))
         configs = clients.admin_result(
             admin.describe_configs([broker], request_timeout=timeout)[broker], timeout
         )
-    except (KafkaException, IndexError) as exc:
+    except (KafkaException, ValueError) as exc:  # ValueError: no broker listed
         log.info("cannot read the brokers' group protocols (%s); using classic", exc)
         return None
     entry = configs.get(REBALANCE_PROTOCOLS_CONFIG)

@@ -623,8 +623,7 @@ def ask_cluster_id(cluster: ClusterConfig) -> str | None:
     """The cluster's ID, or None when it does not answer in time."""
     admin = clients.admin_client(cluster.librdkafka("admin"), {"log_level": 0})
     try:
-        future = admin.describe_cluster(request_timeout=CLUSTER_ID_TIMEOUT)
-        described = future.result(timeout=CLUSTER_ID_TIMEOUT + 1)
+        described = clients.cluster_metadata(admin, CLUSTER_ID_TIMEOUT)
     except Exception as exc:  # asked again later; GET / answers null meanwhile
         log.debug("cluster %s: no cluster ID yet: %s", cluster.alias, clients.error_text(exc))
         return None

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -239,16 +239,27 @@ class ClusterProbe:
             for alias, props in self._admin_props.items()
         }
         pending: dict[str, Future[Any]] = {}
+        # One Metadata request per cluster at a time, each waiting in a thread of its own.
+        asking = ThreadPoolExecutor(max_workers=len(admins), thread_name_prefix="cluster-probe")
+        try:
+            self._probe(admins, pending, asking)
+        finally:
+            asking.shutdown(wait=False)
+
+    def _probe(
+        self, admins: dict[str, Any], pending: dict[str, Future[Any]], asking: ThreadPoolExecutor
+    ) -> None:
+        reach = self._reachability
         while True:
             for alias, admin in admins.items():
                 admin.poll(0)  # serves error_cb
                 if alias not in pending or pending[alias].done():
-                    pending[alias] = self._ask(alias, admin)
+                    pending[alias] = self._ask(alias, admin, asking)
             reach.check()
             if self._stopping.wait(self._interval):
                 return
 
-    def _ask(self, alias: str, admin: Any) -> Future[Any]:
+    def _ask(self, alias: str, admin: Any, asking: ThreadPoolExecutor) -> Future[Any]:
         reach = self._reachability
         asked = reach.now()
 
@@ -258,12 +269,6 @@ class ClusterProbe:
             else:
                 reach.failed(alias, at=asked)
 
-        try:
-            future: Future[Any] = admin.describe_cluster(request_timeout=self._timeout[alias])
-        except Exception:  # the client refused the request itself: no answer either
-            reach.failed(alias, at=asked)
-            done: Future[Any] = Future()
-            done.set_result(None)
-            return done
+        future = asking.submit(clients.cluster_metadata, admin, self._timeout[alias])
         future.add_done_callback(answered)
         return future

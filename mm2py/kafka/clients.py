@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
@@ -136,11 +136,25 @@ def error_text(exc: BaseException) -> str:
     return str(first.str()) if isinstance(first, KafkaError) else str(first)
 
 
+def cluster_metadata(admin: AdminClient, timeout: float) -> Any:
+    """The cluster's metadata (ID, brokers, controller), as a Metadata request answers:
+    how mm2py asks whether a cluster answers, and which brokers it has. Raises
+    KafkaException when there is no answer within `timeout` seconds.
+
+    Not AdminClient.describe_cluster: librdkafka (2.16) aborts the whole process
+    (assertion `rko_result` in rd_kafka_admin_response_parse) when a describe-cluster
+    request is answered on a connection whose ApiVersionRequest had timed out, as
+    happens when a broker is paused while the client connects (reproduced with a
+    SIGSTOPped broker: an abort within a few pauses; none with Metadata requests).
+    """
+    return admin.list_topics(timeout=timeout)
+
+
 def describe_cluster(props: Mapping[str, str], timeout: float = 3.0) -> bool:
-    """True when the cluster answers a describe-cluster request in time."""
+    """True when the cluster answers (`cluster_metadata`) in time."""
     admin = admin_client(props, {"log_level": 0})
     try:
-        admin.describe_cluster(request_timeout=timeout).result(timeout=timeout + 1)
+        cluster_metadata(admin, timeout)
     except Exception:  # any failure means "not ready yet"; callers poll with a deadline
         return False
     return True
@@ -180,13 +194,15 @@ def access_problem(alias: str, props: Mapping[str, str], err: KafkaError) -> str
 def access_error(props: Mapping[str, str], timeout: float = 10.0) -> KafkaError | None:
     """The authentication or TLS error a cluster answers with, if any.
 
-    None when the cluster answers a describe-cluster request, cannot be reached,
-    or gives no answer within `timeout`: retrying is the parts' business then.
-    librdkafka reports these errors through error_cb, served by poll().
+    None when the cluster answers (`cluster_metadata`), cannot be reached, or gives
+    no answer within `timeout`: retrying is the parts' business then. librdkafka
+    reports these errors through error_cb, served by poll().
     """
     errors: list[KafkaError] = []
     admin = admin_client(props, {"error_cb": errors.append})
-    future = admin.describe_cluster(request_timeout=timeout)
+    asking = ThreadPoolExecutor(max_workers=1)
+    future = asking.submit(cluster_metadata, admin, timeout)
+    asking.shutdown(wait=False)
     deadline = time.monotonic() + timeout
     grace_set = False
     while time.monotonic() < deadline:

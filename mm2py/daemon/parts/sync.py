@@ -103,13 +103,12 @@ def _describe_acls(admin: AdminClient, timeout: float) -> list[TopicAcl]:
 def has_authorizer(admin: AdminClient, timeout: float = ADMIN_TIMEOUT) -> bool | None:
     """Whether a cluster's broker runs an authorizer; None if that cannot be told."""
     try:
-        cluster = admin.describe_cluster(request_timeout=timeout).result(timeout=timeout)
-        broker = str(cluster.nodes[0].id)
+        broker = str(min(clients.cluster_metadata(admin, timeout).brokers))
         resource = ConfigResource(ResourceType.BROKER, broker)
         configs = admin.describe_configs([resource], request_timeout=timeout)[resource].result(
             timeout=timeout
         )
-    except (KafkaException, IndexError):
+    except (KafkaException, ValueError):  # ValueError: no broker listed
         return None
     entry = configs.get("authorizer.class.name")
     return entry is None or bool(entry.value)
