@@ -322,9 +322,9 @@ class SourcePart(FlowPart):
         ids = [self.transactional_id(t) for t in range(count, max(earlier, default=count))]
         if ids:
             log.info(
-                "flow %s: fencing %d transactional ids of an earlier tasks.max (%s)",
+                "flow %s: fencing the transactional ids %s (tasks of an earlier tasks.max: %s)",
                 self.flow.name,
-                len(ids),
+                ", ".join(ids),
                 ", ".join(str(n) for n in sorted(earlier)),
             )
             transactions.fence(target_props, ids)
