@@ -165,9 +165,6 @@ class SourcePart(FlowPart):
             rules.settings.offset_storage_replication_factor,
             rules.settings.offset_storage_partitions,
         )
-        producer_settings = copy_settings(
-            target_props, PRODUCER_TUNING, PRODUCER_REQUIRED, f"cluster {flow.target} producer"
-        )
         target_watch = self._access_watch(self.target, target_props)
         txns: Transactions | None = None
         if self.exactly_once:
@@ -187,9 +184,10 @@ class SourcePart(FlowPart):
             )
             stored = progress.load(EXACTLY_ONCE_LOAD_TIMEOUT, past_open_transactions=True)
         else:
-            producer = clients.producer(
-                target_props, {**producer_settings, "error_cb": target_watch}
+            settings = copy_settings(
+                target_props, PRODUCER_TUNING, PRODUCER_REQUIRED, f"cluster {flow.target} producer"
             )
+            producer = clients.producer(target_props, {**settings, "error_cb": target_watch})
             stored = progress.load()
         syncs = self._open_sync_writer(source_admin, target_admin)
         self._access_failure = None
