@@ -37,7 +37,7 @@ from mm2py import logs
 from mm2py.cluster.assignment import TaskSlot
 from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.daemon.metrics import Metrics
-from mm2py.daemon.part import FlowPart
+from mm2py.daemon.part import FlowPart, freeze_start_up
 from mm2py.daemon.reachability import Reachability
 from mm2py.replication.stats import Extremes, PartitionStats, ReplicationStats, summed
 
@@ -358,6 +358,7 @@ def task_main(
     labels = {"source": flow.source, "target": flow.target, "part": part.name}
     counted = 0.0
     restarts = 0
+    freeze_start_up()
     part.start()
 
     def report(final: bool = False) -> None:

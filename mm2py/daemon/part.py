@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import traceback
@@ -16,6 +17,18 @@ from mm2py.daemon.metrics import Metrics
 from mm2py.daemon.reachability import UNREACHABLE_ERRORS, Reachability
 
 log = logging.getLogger(__name__)
+
+
+def freeze_start_up() -> None:
+    """Keep what start-up made (modules, config, FastAPI's app) out of the collector.
+
+    It lives as long as the process. Left in, the collector's older passes walk it
+    again and again: in the daemon every thread, copy loops too, paused 30-50 ms about
+    twice a minute; in a task process copying small records the consumer's new record
+    objects set those passes off so often that they took ~12% of its time.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 class Part(ABC):

@@ -19,7 +19,6 @@ supervisor take turns through one lock, so a part is never restarted by both.
 from __future__ import annotations
 
 import functools
-import gc
 import logging
 import multiprocessing
 import signal
@@ -41,7 +40,7 @@ from mm2py.cluster.task import SPARES, NodeStats, TaskPart
 from mm2py.cluster.view import FlowCluster
 from mm2py.config import FlowConfig, MirrorConfig
 from mm2py.daemon.metrics import Metrics
-from mm2py.daemon.part import Part
+from mm2py.daemon.part import Part, freeze_start_up
 from mm2py.daemon.parts.checkpoint import CheckpointPart
 from mm2py.daemon.parts.heartbeat import HeartbeatPart
 from mm2py.daemon.parts.sync import SyncPart
@@ -221,11 +220,7 @@ class Daemon:
             port,
             ", ".join(f.name for f in self.flows) or "none",
         )
-        # What start-up made (modules, FastAPI's app, config) lives as long as the daemon:
-        # keep it out of the collector's full passes, which otherwise pause every thread,
-        # the copy loops too, for 30-50 ms about twice a minute.
-        gc.collect()
-        gc.freeze()
+        freeze_start_up()
         probe = ClusterProbe(
             self.reachability,
             {a: self.config.cluster(a).librdkafka("admin") for a in self.reachability.aliases},
