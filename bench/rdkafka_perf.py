@@ -2,17 +2,24 @@
 
     python -m bench.rdkafka_perf produce <bootstrap> <topic> <records> <record_bytes> [k=v ...]
     python -m bench.rdkafka_perf consume <bootstrap> <topic> <records> [k=v ...]
+    python -m bench.rdkafka_perf --start-at <epoch seconds> produce|consume ...
 
 `produce` sends `records` records of `record_bytes` random bytes (no key, the
 partitions in turn) with the given producer settings and no delivery
 callbacks, waits for every acknowledgement and prints one JSON line: records,
 seconds (first produce to last acknowledgement; interpreter start-up excluded), left
-(records still not acknowledged after 5 minutes). A record the target rejected is
+(records still not acknowledged after 5 minutes), and ``start`` and ``end``: that
+window in wall-clock time (Unix epoch seconds). A record the target rejected is
 not reported (no callbacks): the caller counts what the topic holds.
 
 `consume` reads every partition of `topic` from its beginning (no group) until
-`records` records came, in batches, and prints records and seconds (first record
-to last, connecting excluded).
+`records` records came, in batches, and prints records, seconds (first record
+to last; connecting to the partitions' leaders is done before, by asking their
+offsets), and that window's ``start`` and ``end`` in epoch seconds.
+
+``--start-at``: once connected (topic metadata read), wait until this epoch time before
+producing or reading, so that tools started together (bench.pipe_limit's run of both
+halves at once) begin their windows together, whatever each one's start-up took.
 
 It is the client mm2py copies with, doing nothing but one half of the copy: a
 replicator built on it cannot go faster.
@@ -20,6 +27,7 @@ replicator built on it cannot go faster.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -36,8 +44,25 @@ def _props(bootstrap: str, settings: list[str]) -> dict[str, str]:
     return props
 
 
+def _wait_until(epoch: float | None) -> None:
+    if epoch is not None:
+        time.sleep(max(0.0, epoch - time.time()))
+
+
+def _report(records: int, start: float, end: float, **more: int) -> None:
+    """The JSON line: `start` and `end` are time.time() readings."""
+    print(
+        json.dumps({"records": records, "seconds": end - start, "start": start, "end": end, **more})
+    )
+
+
 def produce(
-    bootstrap: str, topic: str, records: int, record_bytes: int, settings: list[str]
+    bootstrap: str,
+    topic: str,
+    records: int,
+    record_bytes: int,
+    settings: list[str],
+    start_at: float | None = None,
 ) -> int:
     producer = Producer(_props(bootstrap, settings))
     partitions = 0
@@ -49,7 +74,8 @@ def produce(
         raise SystemExit(f"{topic} has no partitions on {bootstrap} after 30 s")
     payload = os.urandom(record_bytes)
     send, poll = producer.produce, producer.poll
-    start = time.monotonic()
+    _wait_until(start_at)
+    start = time.time()
     for i in range(records):
         while True:
             try:
@@ -60,34 +86,53 @@ def produce(
             except BufferError:
                 poll(0.005)
     left = producer.flush(300)
-    seconds = time.monotonic() - start
-    print(json.dumps({"records": records, "seconds": seconds, "left": left}))
+    _report(records, start, time.time(), left=left)
     return 1 if left else 0
 
 
-def consume(bootstrap: str, topic: str, records: int, settings: list[str]) -> int:
+def consume(
+    bootstrap: str, topic: str, records: int, settings: list[str], start_at: float | None = None
+) -> int:
     consumer = Consumer({"group.id": "bench-rdkafka-perf", **_props(bootstrap, settings)})
     partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+    # Connect to the partitions' leaders now (asking their offsets), not in the window.
+    for p in partitions:
+        consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+    # Assigning starts the fetching: only after the common start.
+    _wait_until(start_at)
     consumer.assign([TopicPartition(topic, p, 0) for p in partitions])  # 0: from the start
     seen = 0
-    start = None
+    start = end = None
     deadline = time.monotonic() + 300
     while seen < records and time.monotonic() < deadline:
-        batch = consumer.consume(10000, 1.0)
-        if batch and start is None:
-            start = time.monotonic()
+        # No more than are left: a call for more would wait out its timeout at the end.
+        batch = consumer.consume(min(10000, records - seen), 1.0)
+        if batch:
+            end = time.time()
+            if start is None:
+                start = end
         seen += sum(1 for msg in batch if msg.error() is None)
-    seconds = time.monotonic() - (start or time.monotonic())
     consumer.close()
-    print(json.dumps({"records": seen, "seconds": seconds}))
+    now = time.time()
+    _report(seen, start or now, end or now)
     return 0 if seen >= records else 1
 
 
 def main(argv: list[str]) -> int:
-    mode, bootstrap, topic, records, *rest = argv
-    if mode == "produce":
-        return produce(bootstrap, topic, int(records), int(rest[0]), rest[1:])
-    return consume(bootstrap, topic, int(records), rest)
+    parser = argparse.ArgumentParser(prog="bench.rdkafka_perf")
+    parser.add_argument("--start-at", type=float, help="epoch seconds to begin at")
+    parser.add_argument("mode", choices=("produce", "consume"))
+    parser.add_argument("bootstrap")
+    parser.add_argument("topic")
+    parser.add_argument("records", type=int)
+    parser.add_argument("rest", nargs="*", help="produce: record_bytes, then k=v settings")
+    args = parser.parse_args(argv)
+    if args.mode == "produce":
+        record_bytes, *settings = args.rest
+        return produce(
+            args.bootstrap, args.topic, args.records, int(record_bytes), settings, args.start_at
+        )
+    return consume(args.bootstrap, args.topic, args.records, args.rest, args.start_at)
 
 
 if __name__ == "__main__":
