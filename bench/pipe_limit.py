@@ -1,30 +1,49 @@
 """The pipe limit: the fastest any replicator could copy a workload from A to B here.
 
-A replicator reads from A and writes to B, so it can go no faster than the slower of
-the two halves done alone, each by the fastest tool with the best client settings
-found:
+A replicator reads from A and writes to B at the same time, on the same cores as both
+brokers. The pipe limit is therefore measured with both halves AT ONCE, each done by
+the fastest tool and client settings found for it alone:
 
-- into B, with what mm2py's producer must use (``acks=all``,
-  ``enable.idempotence=true``, no compression) and the partitions in turn:
-  Kafka's ProducerPerformance with each of PRODUCER_SETTINGS (``batch.size`` and
-  ``linger.ms``) in one JVM, then the best of them in PARALLEL_PRODUCERS JVMs at
-  once (each an equal share of the records; their rate is all records over the
-  longest one's sending time); then librdkafka alone (bench.rdkafka_perf: the client
-  mm2py uses, big batches, no delivery callbacks) in one and in PARALLEL_PRODUCERS
-  processes; then the fastest of these again, RUNS times in all. The fastest run is
-  the producing half. The JVM tool needs more CPU a record than librdkafka (``tried``
-  in the output has each run's CPU-seconds per million records), so on this 2-core
-  machine, where producing is CPU-bound, it alone would bound only replicators
-  slower than itself;
-- from A, read_committed as mm2py reads: ConsumerPerformance with each of
-  CONSUMER_SETTINGS (its fetch rate, group join excluded), and librdkafka alone
-  (bench.rdkafka_perf: first record to last, connected to the leaders before) RUNS - 1
-  times; the fastest run is the consuming half.
+1. Producing into B alone, with what mm2py's producer must use (``acks=all``,
+   ``enable.idempotence=true``, no compression) and the partitions in turn: Kafka's
+   ProducerPerformance with each of PRODUCER_SETTINGS (``batch.size`` and
+   ``linger.ms``) in one JVM, then the best of them in PARALLEL_PRODUCERS JVMs at once
+   (each an equal share of the records); then librdkafka alone (bench.rdkafka_perf: the
+   client mm2py uses, big batches, no delivery callbacks) in one and in
+   PARALLEL_PRODUCERS processes; then the fastest of these again, RUNS times in all.
+   The fastest run is the producing half alone (processes sharing it: all records
+   over the longest one's window). ``tried`` has each run's CPU-seconds per million
+   records: the JVM tool needs more CPU a record than librdkafka.
+2. Consuming from A alone, read_committed as mm2py reads: ConsumerPerformance with
+   each of CONSUMER_SETTINGS (its fetch window: group join excluded), and librdkafka
+   alone (bench.rdkafka_perf: first record to last, connected to the leaders before)
+   RUNS - 1 times; the fastest run is the consuming half alone.
+3. Both at once, RUNS times: the producing half's tool, settings and processes write
+   the workload into a fresh topic on B while the consuming half's read the pre-filled
+   topic on A, started together. Every tool reports its measured window in wall-clock
+   time (bench.common.Window: librdkafka prints its epoch start and end;
+   ConsumerPerformance prints its start and end times and its group join;
+   ProducerPerformance prints its summary as its own timing ends, so its window ends
+   when that line arrives and starts its elapsed time earlier). The rate is the
+   workload's records over the time from the earliest window's start to the latest
+   one's end, so each tool's start-up is left out but neither half's time alone is.
+   The JVM tools' windows are timed in wall clock, so the best tool of each half is
+   used whichever it is. So that the windows begin together, librdkafka tools wait
+   after connecting until a common start, ``lead_s`` after their launch: the chosen JVM
+   tool's start-up (launch to window start) alone for the first run, in the previous
+   at-once run after that (two tools starting at once start slower); AT_ONCE_LEAD_S
+   when both halves are librdkafka.
+   ``start_gap_s`` says how far apart the halves began (producing minus consuming).
 
-Each run is timed by the tool itself (JVM or interpreter start-up excluded) and goes
-alone, so neither half shares the (two) cores with the other; a replicator doing both
-at once, next to both brokers, lands below the limit. No replicator may beat it in the same
-run: one that does shows the limit is wrong (bench.replication says so).
+The fastest at-once run is the pipe limit (``records_per_s``, ``mb_per_s``), with its
+halves' own rates (each over its own windows), CPU-seconds per million records and
+start-up in ``at_once`` (its ``cpu_s_per_m_records``: both halves' tools, whole runs).
+It is the limit a replicator has on a shared machine: it consumes and produces at
+once, on the same cores as both brokers. Each half alone had both (two) cores and only
+its own broker busy; the slower of them is kept as ``alone_records_per_s`` (the halves
+as ``produce_into_b`` and ``consume_from_a``), a looser upper bound. No replicator may
+beat the at-once limit in the same run: one that does shows the limit is wrong
+(bench.replication says so).
 
     .venv/bin/python -m bench.pipe_limit                      # the standard workloads
     .venv/bin/python -m bench.pipe_limit --records 100000 --record-bytes 512
@@ -37,24 +56,36 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from bench.common import (
+    MIB,
     STANDARD_WORKLOADS,
     Throughput,
+    ToolRun,
+    Window,
     Workload,
+    alone_throughput,
     bench_topic,
-    consumer_performance,
+    check_consumed,
+    check_produced,
+    consumer_performance_run,
     create_topic,
     delete_topics,
     load_averages,
     local_clusters,
     prefill,
-    producer_performance,
-    rdkafka_consumer_performance,
-    rdkafka_producer_performance,
+    producer_performance_runs,
+    rdkafka_consumer_run,
+    rdkafka_producer_runs,
+    run_tools,
+    span,
+    throughput_over,
 )
+from mm2py.dev.launcher import LocalCluster
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +132,10 @@ RDKAFKA_CONSUMER_SETTINGS: Final[Mapping[str, str]] = {
 }
 CONSUMER_PERFORMANCE_TOOL: Final = "ConsumerPerformance"
 PARALLEL_PRODUCERS: Final = 2
-RUNS: Final = 3  # runs of the best producer setting, counting the first
+RUNS: Final = 3  # runs of the best producer setting (counting the first), at-once runs
+# Both halves at once, both librdkafka: when they start after their launch (Python
+# start-up and connecting take well under this, even on a busy machine).
+AT_ONCE_LEAD_S: Final = 2.0
 # Reading from A: read_committed, bigger fetches and polls than the defaults.
 CONSUMER_SETTINGS: Final[tuple[tuple[Mapping[str, str], int | None], ...]] = (
     ({"isolation.level": "read_committed"}, None),
@@ -117,88 +151,196 @@ CONSUMER_SETTINGS: Final[tuple[tuple[Mapping[str, str], int | None], ...]] = (
 )
 
 
+@dataclass(frozen=True)
+class Producing:
+    """One way to produce the workload into B: a tool, its settings, its processes."""
+
+    tool: str
+    settings: Mapping[str, str]
+    processes: int
+
+    def runs(
+        self, target: LocalCluster, topic: str, workload: Workload, start_at: float | None = None
+    ) -> list[ToolRun]:
+        """The tool processes (librdkafka's begin at `start_at`, the JVM's when ready)."""
+        if self.tool == PRODUCER_PERFORMANCE_TOOL:
+            props = {**PRODUCER_REQUIRED, **self.settings}
+            return producer_performance_runs(target, topic, workload, props, -1, self.processes)
+        props = {**RDKAFKA_REQUIRED, **self.settings}
+        return rdkafka_producer_runs(target, topic, workload, props, self.processes, start_at)
+
+    def describe(self) -> dict[str, Any]:
+        return {"tool": self.tool, "processes": self.processes, **self.settings}
+
+
+@dataclass(frozen=True)
+class Consuming:
+    """One way to read the workload from A: a tool and its settings."""
+
+    tool: str
+    settings: Mapping[str, str]
+    fetch_size: int | None = None
+
+    def run(
+        self, source: LocalCluster, topic: str, workload: Workload, start_at: float | None = None
+    ) -> ToolRun:
+        """The tool process (librdkafka's begins at `start_at`, the JVM's when ready)."""
+        if self.tool == CONSUMER_PERFORMANCE_TOOL:
+            return consumer_performance_run(
+                source, topic, workload.records, self.settings, self.fetch_size
+            )
+        return rdkafka_consumer_run(source, topic, workload, self.settings, start_at)
+
+    def describe(self) -> dict[str, Any]:
+        size = {} if self.fetch_size is None else {"fetch_size": self.fetch_size}
+        return {"tool": self.tool, **size, **self.settings}
+
+
+@dataclass(frozen=True)
+class Best:
+    """A half's fastest run alone: its rate, how, and its slowest process's start-up."""
+
+    result: Throughput
+    how: Producing | Consuming
+    startup_s: float
+
+
 def _attempt(name: str, result: Throughput, tried: list[dict[str, Any]], **how: Any) -> Throughput:
     tried.append({"how": name, **how, **result.as_dict()})
     log.info("%s: %.0f records/s (%s)", name, result.records_per_s, how)
     return result
 
 
-def best_producing(target: Any, workload: Workload, tried: list[dict[str, Any]]) -> Throughput:
-    """The fastest run producing into new topics on `target` (see above)."""
+def _produce_alone(
+    target: LocalCluster, workload: Workload, how: Producing, tried: list[dict[str, Any]]
+) -> Best:
+    topic = bench_topic(workload, "pipe-dst")
+    create_topic(target, topic, workload.partitions)
+    try:
+        windows = run_tools(how.runs(target, topic, workload))
+        check_produced(target, topic, workload, how.tool)
+    finally:
+        # Each topic is only needed for its run; B's disk is shared.
+        delete_topics(target, [topic])
+    result = alone_throughput(windows, workload.record_bytes)
+    _attempt(f"produce into B ({how.tool})", result, tried, **how.describe())
+    return Best(result, how, max(w.startup_s for w in windows))
 
-    def produce(tool: str, settings: Mapping[str, str], processes: int) -> Throughput:
-        topic = bench_topic(workload, "pipe-dst")
-        create_topic(target, topic, workload.partitions)
-        try:
-            if tool == PRODUCER_PERFORMANCE_TOOL:
-                result = producer_performance(
-                    target, topic, workload, {**PRODUCER_REQUIRED, **settings}, processes=processes
-                )
-            else:
-                result = rdkafka_producer_performance(
-                    target, topic, workload, {**RDKAFKA_REQUIRED, **settings}, processes
-                )
-        finally:
-            # Each topic is only needed for its run; B's disk is shared.
-            delete_topics(target, [topic])
-        return _attempt(f"produce into B ({tool})", result, tried, processes=processes, **settings)
 
-    java = [(produce(PRODUCER_PERFORMANCE_TOOL, s, 1), s) for s in PRODUCER_SETTINGS]
-    _, java_settings = max(java, key=lambda r: r[0].records_per_s)
-    runs = [(result, PRODUCER_PERFORMANCE_TOOL, s, 1) for result, s in java]
-    runs.append(
-        (
-            produce(PRODUCER_PERFORMANCE_TOOL, java_settings, PARALLEL_PRODUCERS),
-            PRODUCER_PERFORMANCE_TOOL,
-            java_settings,
-            PARALLEL_PRODUCERS,
-        )
+def best_producing(target: LocalCluster, workload: Workload, tried: list[dict[str, Any]]) -> Best:
+    """The fastest run producing into new topics on `target` alone (see above)."""
+    java = [
+        _produce_alone(target, workload, Producing(PRODUCER_PERFORMANCE_TOOL, s, 1), tried)
+        for s in PRODUCER_SETTINGS
+    ]
+    java_best = max(java, key=lambda b: b.result.records_per_s).how
+    assert isinstance(java_best, Producing)
+    others = (
+        Producing(PRODUCER_PERFORMANCE_TOOL, java_best.settings, PARALLEL_PRODUCERS),
+        Producing(RDKAFKA_TOOL, RDKAFKA_SETTINGS, 1),
+        Producing(RDKAFKA_TOOL, RDKAFKA_SETTINGS, PARALLEL_PRODUCERS),
     )
-    for processes in (1, PARALLEL_PRODUCERS):
-        runs.append(
-            (
-                produce(RDKAFKA_TOOL, RDKAFKA_SETTINGS, processes),
-                RDKAFKA_TOOL,
-                RDKAFKA_SETTINGS,
-                processes,
-            )
-        )
-    best, tool, settings, processes = max(runs, key=lambda r: r[0].records_per_s)
+    runs = java + [_produce_alone(target, workload, how, tried) for how in others]
+    best = max(runs, key=lambda b: b.result.records_per_s)
+    assert isinstance(best.how, Producing)
     for _ in range(RUNS - 1):
-        again = produce(tool, settings, processes)
-        if again.records_per_s > best.records_per_s:
+        again = _produce_alone(target, workload, best.how, tried)
+        if again.result.records_per_s > best.result.records_per_s:
             best = again
     return best
 
 
+def _consume_alone(
+    source: LocalCluster,
+    topic: str,
+    workload: Workload,
+    how: Consuming,
+    tried: list[dict[str, Any]],
+) -> Best:
+    windows = run_tools([how.run(source, topic, workload)])
+    check_consumed(windows, topic, workload, how.tool)
+    result = alone_throughput(windows, workload.record_bytes)
+    _attempt(f"consume from A ({how.tool})", result, tried, **how.describe())
+    return Best(result, how, max(w.startup_s for w in windows))
+
+
 def best_consuming(
-    source: Any, topic: str, workload: Workload, tried: list[dict[str, Any]]
-) -> Throughput:
-    """The fastest run reading `topic` on `source` (see above)."""
-    results = [
-        _attempt(
-            f"consume from A ({CONSUMER_PERFORMANCE_TOOL})",
-            consumer_performance(source, topic, workload.records, props, fetch_size),
-            tried,
-            fetch_size=fetch_size,
-            **props,
+    source: LocalCluster, topic: str, workload: Workload, tried: list[dict[str, Any]]
+) -> Best:
+    """The fastest run reading `topic` on `source` alone (see above)."""
+    ways = [Consuming(CONSUMER_PERFORMANCE_TOOL, p, size) for p, size in CONSUMER_SETTINGS]
+    ways += [Consuming(RDKAFKA_TOOL, RDKAFKA_CONSUMER_SETTINGS)] * (RUNS - 1)
+    results = [_consume_alone(source, topic, workload, how, tried) for how in ways]
+    return max(results, key=lambda b: b.result.records_per_s)
+
+
+def _half(windows: list[Window], how: Producing | Consuming, workload: Workload) -> dict[str, Any]:
+    """One half of an at-once run: its rate over its own windows, its CPU, how, and its
+    slowest process's start-up (launch to window start)."""
+    result = throughput_over(windows, workload.record_bytes, span(windows))
+    startup = max(w.startup_s for w in windows)
+    return {**how.describe(), **result.as_dict(), "startup_s": round(startup, 3)}
+
+
+def _first_lead(producing: Best, consuming: Best) -> float:
+    """How long after their launch the librdkafka tools of the first at-once run start:
+    when the JVM tools start theirs, as alone (or AT_ONCE_LEAD_S without a JVM)."""
+    jvm = [b.startup_s for b in (producing, consuming) if b.how.tool != RDKAFKA_TOOL]
+    return max(jvm, default=AT_ONCE_LEAD_S)
+
+
+def _next_lead(run: Mapping[str, Any], producing: Best, consuming: Best, lead: float) -> float:
+    """The next at-once run's lead: the JVM tools' start-up in this one (two tools
+    starting at once take longer than one alone), or with librdkafka only, this lead."""
+    halves = {"produce_into_b": producing, "consume_from_a": consuming}
+    jvm = [float(run[k]["startup_s"]) for k, b in halves.items() if b.how.tool != RDKAFKA_TOOL]
+    return max(jvm, default=lead)
+
+
+def both_at_once(
+    source: LocalCluster,
+    source_topic: str,
+    target: LocalCluster,
+    workload: Workload,
+    producing: Best,
+    consuming: Best,
+    lead_s: float,
+) -> dict[str, Any]:
+    """One run of both halves at once (see above), librdkafka tools starting `lead_s`
+    after their launch: the rate, each half's, how far apart the halves began."""
+    assert isinstance(producing.how, Producing) and isinstance(consuming.how, Consuming)
+    topic = bench_topic(workload, "pipe-dst")
+    create_topic(target, topic, workload.partitions)
+    start_at = time.time() + lead_s
+    try:
+        windows = run_tools(
+            [
+                *producing.how.runs(target, topic, workload, start_at),
+                consuming.how.run(source, source_topic, workload, start_at),
+            ]
         )
-        for props, fetch_size in CONSUMER_SETTINGS
-    ]
-    for _ in range(RUNS - 1):
-        results.append(
-            _attempt(
-                f"consume from A ({RDKAFKA_TOOL})",
-                rdkafka_consumer_performance(source, topic, workload, RDKAFKA_CONSUMER_SETTINGS),
-                tried,
-                **RDKAFKA_CONSUMER_SETTINGS,
-            )
-        )
-    return max(results, key=lambda r: r.records_per_s)
+        check_produced(target, topic, workload, producing.how.tool)
+    finally:
+        delete_topics(target, [topic])
+    produced, consumed = windows[:-1], windows[-1:]
+    check_consumed(consumed, source_topic, workload, consuming.how.tool)
+    seconds = span(windows)
+    rate = workload.records / seconds
+    both = Throughput(
+        workload.records, rate, rate * workload.record_bytes / MIB, sum(w.cpu_s for w in windows)
+    )
+    return {
+        **both.as_dict(),
+        "seconds": round(seconds, 3),
+        "lead_s": round(lead_s, 3),
+        "start_gap_s": round(min(w.start for w in produced) - min(w.start for w in consumed), 3),
+        "produce_into_b": _half(produced, producing.how, workload),
+        "consume_from_a": _half(consumed, consuming.how, workload),
+    }
 
 
 def pipe_limit(workload: Workload, keep_topics: bool = False) -> dict[str, Any]:
-    """Measure produce-into-B and consume-from-A for `workload`; the pipe limit is the min.
+    """Measure each half alone, then both at once, for `workload` (see above).
 
     Uses (and starts if needed) the local clusters A and B; the topics it creates are
     deleted afterwards unless `keep_topics` (the source topic only: each producing
@@ -214,19 +356,38 @@ def pipe_limit(workload: Workload, keep_topics: bool = False) -> dict[str, Any]:
         log.info("pre-filling %s on A with %s", source_topic, workload.label)
         filled = prefill(source, source_topic, workload)
         consumed = best_consuming(source, source_topic, workload, tried)
+        produced = best_producing(target, workload, tried)
+        at_once_runs = []
+        lead = _first_lead(produced, consumed)
+        for _ in range(RUNS):
+            run = both_at_once(source, source_topic, target, workload, produced, consumed, lead)
+            lead = _next_lead(run, produced, consumed, lead)
+            tried.append({"how": "both at once", **run})
+            log.info(
+                "both at once: %.0f records/s (producing %.0f, consuming %.0f; gap %.2f s)",
+                run["records_per_s"],
+                run["produce_into_b"]["records_per_s"],
+                run["consume_from_a"]["records_per_s"],
+                run["start_gap_s"],
+            )
+            at_once_runs.append(run)
     finally:
         if not keep_topics:
             delete_topics(source, [source_topic])
-    produced = best_producing(target, workload, tried)
+    at_once = max(at_once_runs, key=lambda r: float(r["records_per_s"]))
+    alone = min(produced.result, consumed.result, key=lambda r: r.records_per_s)
     return {
         "system": "pipe-limit",
         "partitions": workload.partitions,
         "records": workload.records,
         "record_bytes": workload.record_bytes,
-        "records_per_s": round(min(produced.records_per_s, consumed.records_per_s), 1),
-        "mb_per_s": round(min(produced.mb_per_s, consumed.mb_per_s), 2),
-        "produce_into_b": produced.as_dict(),
-        "consume_from_a": consumed.as_dict(),
+        "records_per_s": at_once["records_per_s"],
+        "mb_per_s": at_once["mb_per_s"],
+        "at_once": at_once,
+        "alone_records_per_s": round(alone.records_per_s, 1),
+        "alone_mb_per_s": round(alone.mb_per_s, 2),
+        "produce_into_b": {**produced.how.describe(), **produced.result.as_dict()},
+        "consume_from_a": {**consumed.how.describe(), **consumed.result.as_dict()},
         "prefill_into_a": filled.as_dict(),
         "tried": tried,
         "load_1m_before": round(load_before[0], 2),
