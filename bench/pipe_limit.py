@@ -9,7 +9,8 @@ the fastest tool and client settings found for it alone:
    ProducerPerformance with each of PRODUCER_SETTINGS (``batch.size`` and
    ``linger.ms``) in one JVM, then the best of them in PARALLEL_PRODUCERS JVMs at once
    (each an equal share of the records); then librdkafka alone (bench.rdkafka_perf: the
-   client mm2py uses, big batches, no delivery callbacks) in one and in
+   client mm2py uses, big batches, no delivery callbacks, timed once it has its
+   producer id, as a running replicator's producer has) in one and in
    PARALLEL_PRODUCERS processes; then the fastest of these again, RUNS times in all.
    The fastest run is the producing half alone (processes sharing it: all records
    over the longest one's window). ``tried`` has each run's CPU-seconds per million
@@ -32,8 +33,11 @@ the fastest tool and client settings found for it alone:
    after connecting until a common start, ``lead_s`` after their launch: the chosen JVM
    tool's start-up (launch to window start) alone for the first run, in the previous
    at-once run after that (two tools starting at once start slower); AT_ONCE_LEAD_S
-   when both halves are librdkafka.
-   ``start_gap_s`` says how far apart the halves began (producing minus consuming).
+   when both halves are librdkafka. A librdkafka half starts ``early_s`` before it:
+   the delay from its start to its window's in the previous run (the consumer's
+   first fetch, ~0.05 s). JVM tools cannot be told when to begin: were both halves
+   JVM tools, their windows would begin as their start-ups allow. ``start_gap_s``
+   says how far apart the halves' windows began (producing minus consuming).
 
 The fastest at-once run is the pipe limit (``records_per_s``, ``mb_per_s``), with its
 halves' own rates (each over its own windows), CPU-seconds per million records and
@@ -282,19 +286,38 @@ def _half(windows: list[Window], how: Producing | Consuming, workload: Workload)
     return {**how.describe(), **result.as_dict(), "startup_s": round(startup, 3)}
 
 
-def _first_lead(producing: Best, consuming: Best) -> float:
-    """How long after their launch the librdkafka tools of the first at-once run start:
-    when the JVM tools start theirs, as alone (or AT_ONCE_LEAD_S without a JVM)."""
-    jvm = [b.startup_s for b in (producing, consuming) if b.how.tool != RDKAFKA_TOOL]
-    return max(jvm, default=AT_ONCE_LEAD_S)
+HALVES: Final = ("produce_into_b", "consume_from_a")
 
 
-def _next_lead(run: Mapping[str, Any], producing: Best, consuming: Best, lead: float) -> float:
-    """The next at-once run's lead: the JVM tools' start-up in this one (two tools
-    starting at once take longer than one alone), or with librdkafka only, this lead."""
-    halves = {"produce_into_b": producing, "consume_from_a": consuming}
-    jvm = [float(run[k]["startup_s"]) for k, b in halves.items() if b.how.tool != RDKAFKA_TOOL]
-    return max(jvm, default=lead)
+@dataclass(frozen=True)
+class Start:
+    """When an at-once run's librdkafka tools begin, after their launch: `lead_s`,
+    less their half's `early_s` (by HALVES: how long after its start that half's
+    window began last time, e.g. a consumer's first fetch), so that both windows
+    begin at `lead_s`. JVM tools begin when ready."""
+
+    lead_s: float
+    early_s: Mapping[str, float]
+
+    @staticmethod
+    def first(producing: Best, consuming: Best) -> Start:
+        """The first run's: the JVM tools' start-up alone (or AT_ONCE_LEAD_S without a JVM)."""
+        jvm = [b.startup_s for b in (producing, consuming) if b.how.tool != RDKAFKA_TOOL]
+        return Start(max(jvm, default=AT_ONCE_LEAD_S), dict.fromkeys(HALVES, 0.0))
+
+    def next(self, run: Mapping[str, Any], producing: Best, consuming: Best) -> Start:
+        """The next run's, from this one's start-ups: the JVM tools' (two tools starting
+        at once take longer than one alone), and each librdkafka half's delay."""
+        tools = dict(zip(HALVES, (producing.how.tool, consuming.how.tool), strict=True))
+        startups = {h: float(run[h]["startup_s"]) for h in HALVES}
+        jvm = [startups[h] for h in HALVES if tools[h] != RDKAFKA_TOOL]
+        early = {
+            h: max(0.0, startups[h] - (self.lead_s - self.early_s[h]))
+            if tools[h] == RDKAFKA_TOOL
+            else 0.0
+            for h in HALVES
+        }
+        return Start(max(jvm, default=self.lead_s), early)
 
 
 def both_at_once(
@@ -304,19 +327,19 @@ def both_at_once(
     workload: Workload,
     producing: Best,
     consuming: Best,
-    lead_s: float,
+    start: Start,
 ) -> dict[str, Any]:
-    """One run of both halves at once (see above), librdkafka tools starting `lead_s`
-    after their launch: the rate, each half's, how far apart the halves began."""
+    """One run of both halves at once (see above), begun as `start` says: the rate,
+    each half's, how far apart the halves began."""
     assert isinstance(producing.how, Producing) and isinstance(consuming.how, Consuming)
     topic = bench_topic(workload, "pipe-dst")
     create_topic(target, topic, workload.partitions)
-    start_at = time.time() + lead_s
+    at = {h: time.time() + start.lead_s - start.early_s[h] for h in HALVES}
     try:
         windows = run_tools(
             [
-                *producing.how.runs(target, topic, workload, start_at),
-                consuming.how.run(source, source_topic, workload, start_at),
+                *producing.how.runs(target, topic, workload, at["produce_into_b"]),
+                consuming.how.run(source, source_topic, workload, at["consume_from_a"]),
             ]
         )
         check_produced(target, topic, workload, producing.how.tool)
@@ -332,7 +355,8 @@ def both_at_once(
     return {
         **both.as_dict(),
         "seconds": round(seconds, 3),
-        "lead_s": round(lead_s, 3),
+        "lead_s": round(start.lead_s, 3),
+        "early_s": {h: round(e, 3) for h, e in start.early_s.items()},
         "start_gap_s": round(min(w.start for w in produced) - min(w.start for w in consumed), 3),
         "produce_into_b": _half(produced, producing.how, workload),
         "consume_from_a": _half(consumed, consuming.how, workload),
@@ -358,10 +382,10 @@ def pipe_limit(workload: Workload, keep_topics: bool = False) -> dict[str, Any]:
         consumed = best_consuming(source, source_topic, workload, tried)
         produced = best_producing(target, workload, tried)
         at_once_runs = []
-        lead = _first_lead(produced, consumed)
+        start = Start.first(produced, consumed)
         for _ in range(RUNS):
-            run = both_at_once(source, source_topic, target, workload, produced, consumed, lead)
-            lead = _next_lead(run, produced, consumed, lead)
+            run = both_at_once(source, source_topic, target, workload, produced, consumed, start)
+            start = start.next(run, produced, consumed)
             tried.append({"how": "both at once", **run})
             log.info(
                 "both at once: %.0f records/s (producing %.0f, consuming %.0f; gap %.2f s)",
