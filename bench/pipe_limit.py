@@ -10,8 +10,9 @@ the fastest tool and client settings found for it alone:
    ``linger.ms``) in one JVM, then the best of them in PARALLEL_PRODUCERS JVMs at once
    (each an equal share of the records); then librdkafka alone (bench.rdkafka_perf: the
    client mm2py uses, big batches, no delivery callbacks, timed once it has its
-   producer id, as a running replicator's producer has) in one and in
-   PARALLEL_PRODUCERS processes; then the fastest of these again, RUNS times in all.
+   producer id, as a running replicator's producer has) with each of RDKAFKA_SETTINGS
+   (``linger.ms`` 5, and mm2py's own 1) in one and in PARALLEL_PRODUCERS processes;
+   then the fastest of these again, RUNS times in all.
    The fastest run is the producing half alone (processes sharing it: all records
    over the longest one's window). ``tried`` has each run's CPU-seconds per million
    records: the JVM tool needs more CPU a record than librdkafka.
@@ -118,12 +119,22 @@ RDKAFKA_REQUIRED: Final[Mapping[str, str]] = {
     "enable.idempotence": "true",
     "compression.type": "none",
 }
-RDKAFKA_SETTINGS: Final[Mapping[str, str]] = {
-    "linger.ms": "5",
-    "batch.size": "1000000",
-    "queue.buffering.max.kbytes": "131072",
-    "queue.buffering.max.messages": "1000000",
-}
+RDKAFKA_SETTINGS: Final[tuple[Mapping[str, str], ...]] = (
+    {
+        "linger.ms": "5",
+        "batch.size": "1000000",
+        "queue.buffering.max.kbytes": "131072",
+        "queue.buffering.max.messages": "1000000",
+    },
+    # mm2py's own batching (mm2py.daemon.parts.source.PRODUCER_TUNING): with linger.ms 5
+    # alone, mm2py's producer went into B with 1 KiB records faster than the limit.
+    {
+        "linger.ms": "1",
+        "batch.size": "1000000",
+        "queue.buffering.max.kbytes": "131072",
+        "queue.buffering.max.messages": "1000000",
+    },
+)
 # Reading from A with librdkafka: mm2py's consumer settings, more prefetched.
 RDKAFKA_CONSUMER_SETTINGS: Final[Mapping[str, str]] = {
     "isolation.level": "read_committed",
@@ -241,8 +252,11 @@ def best_producing(target: LocalCluster, workload: Workload, tried: list[dict[st
     assert isinstance(java_best, Producing)
     others = (
         Producing(PRODUCER_PERFORMANCE_TOOL, java_best.settings, PARALLEL_PRODUCERS),
-        Producing(RDKAFKA_TOOL, RDKAFKA_SETTINGS, 1),
-        Producing(RDKAFKA_TOOL, RDKAFKA_SETTINGS, PARALLEL_PRODUCERS),
+        *(
+            Producing(RDKAFKA_TOOL, settings, processes)
+            for settings in RDKAFKA_SETTINGS
+            for processes in (1, PARALLEL_PRODUCERS)
+        ),
     )
     runs = java + [_produce_alone(target, workload, how, tried) for how in others]
     best = max(runs, key=lambda b: b.result.records_per_s)
