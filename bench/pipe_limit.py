@@ -11,7 +11,8 @@ the fastest tool and client settings found for it alone:
    (each an equal share of the records); then librdkafka alone (bench.rdkafka_perf: the
    client mm2py uses, big batches, no delivery callbacks, timed once it has its
    producer id, as a running replicator's producer has) with each of RDKAFKA_SETTINGS
-   (``linger.ms`` 5, and mm2py's own 1) in one and in PARALLEL_PRODUCERS processes;
+   (``linger.ms`` 5 with big queues, and mm2py's own PRODUCER_TUNING) in one and in
+   PARALLEL_PRODUCERS processes;
    then the fastest of these again, RUNS times in all.
    The fastest run is the producing half alone (processes sharing it: all records
    over the longest one's window). ``tried`` has each run's CPU-seconds per million
@@ -20,7 +21,8 @@ the fastest tool and client settings found for it alone:
    each of CONSUMER_SETTINGS (its fetch window: group join excluded), and librdkafka
    alone (bench.rdkafka_perf: first record to last, connected to the leaders before)
    RUNS - 1 times; the fastest run is the consuming half alone.
-3. Both at once, RUNS times: the producing half's tool, settings and processes write
+3. Both at once, RUNS times (and RUNS more with the same producing in one process when
+   the fastest alone took several): the producing half's tool, settings and processes write
    the workload into a fresh topic on B while the consuming half's read the pre-filled
    topic on A, started together. Every tool reports its measured window in wall-clock
    time (bench.common.Window: librdkafka prints its epoch start and end;
@@ -90,6 +92,7 @@ from bench.common import (
     span,
     throughput_over,
 )
+from mm2py.daemon.parts.source import PRODUCER_TUNING
 from mm2py.dev.launcher import LocalCluster
 
 log = logging.getLogger(__name__)
@@ -126,14 +129,9 @@ RDKAFKA_SETTINGS: Final[tuple[Mapping[str, str], ...]] = (
         "queue.buffering.max.kbytes": "131072",
         "queue.buffering.max.messages": "1000000",
     },
-    # mm2py's own batching (mm2py.daemon.parts.source.PRODUCER_TUNING): with linger.ms 5
-    # alone, mm2py's producer went into B with 1 KiB records faster than the limit.
-    {
-        "linger.ms": "1",
-        "batch.size": "1000000",
-        "queue.buffering.max.kbytes": "131072",
-        "queue.buffering.max.messages": "1000000",
-    },
+    # mm2py's own: with the above alone, mm2py's producer went into B with 1 KiB records
+    # faster than the limit.
+    {k: str(v) for k, v in PRODUCER_TUNING.items()},
 )
 # Reading from A with librdkafka: mm2py's consumer settings, more prefetched.
 RDKAFKA_CONSUMER_SETTINGS: Final[Mapping[str, str]] = {
@@ -377,6 +375,18 @@ def both_at_once(
     }
 
 
+def _at_once_producing(produced: Best) -> list[Best]:
+    """The producing half's ways tried at once: the fastest alone and, if that took
+    several processes, the same in one (beside the consuming half and both brokers,
+    two producing processes left too little CPU: 1 KiB records at once then went into B
+    slower than mm2py copied them)."""
+    assert isinstance(produced.how, Producing)
+    if produced.how.processes == 1:
+        return [produced]
+    one = Producing(produced.how.tool, produced.how.settings, 1)
+    return [produced, Best(produced.result, one, produced.startup_s)]
+
+
 def pipe_limit(workload: Workload, keep_topics: bool = False) -> dict[str, Any]:
     """Measure each half alone, then both at once, for `workload` (see above).
 
@@ -396,19 +406,22 @@ def pipe_limit(workload: Workload, keep_topics: bool = False) -> dict[str, Any]:
         consumed = best_consuming(source, source_topic, workload, tried)
         produced = best_producing(target, workload, tried)
         at_once_runs = []
-        start = Start.first(produced, consumed)
-        for _ in range(RUNS):
-            run = both_at_once(source, source_topic, target, workload, produced, consumed, start)
-            start = start.next(run, produced, consumed)
-            tried.append({"how": "both at once", **run})
-            log.info(
-                "both at once: %.0f records/s (producing %.0f, consuming %.0f; gap %.2f s)",
-                run["records_per_s"],
-                run["produce_into_b"]["records_per_s"],
-                run["consume_from_a"]["records_per_s"],
-                run["start_gap_s"],
-            )
-            at_once_runs.append(run)
+        for producing in _at_once_producing(produced):
+            start = Start.first(producing, consumed)
+            for _ in range(RUNS):
+                run = both_at_once(
+                    source, source_topic, target, workload, producing, consumed, start
+                )
+                start = start.next(run, producing, consumed)
+                tried.append({"how": "both at once", **run})
+                log.info(
+                    "both at once: %.0f records/s (producing %.0f, consuming %.0f; gap %.2f s)",
+                    run["records_per_s"],
+                    run["produce_into_b"]["records_per_s"],
+                    run["consume_from_a"]["records_per_s"],
+                    run["start_gap_s"],
+                )
+                at_once_runs.append(run)
     finally:
         if not keep_topics:
             delete_topics(source, [source_topic])
