@@ -8,6 +8,8 @@ one partition add `topic` and `partition` with `extra=partition_fields(...)`.
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import json
 import logging
 import sys
@@ -101,9 +103,17 @@ def _iso_time(created: float) -> str:
 
 
 def configure(level: str = "INFO", fmt: LogFormat = "text") -> None:
-    """Send every log event to stderr, one line each, in the chosen format."""
+    """Send every log event to stderr, one line each, in the chosen format.
+
+    A crash in native code (librdkafka, confluent-kafka) also writes every thread's
+    Python stack to stderr (plain text, even in JSON mode) before the process dies, so
+    its log says what each thread was doing.
+    """
     global _chosen
     _chosen = (level, fmt)
+    # A stderr with no file descriptor (io.UnsupportedOperation): no crash report.
+    with contextlib.suppress(OSError, ValueError):
+        faulthandler.enable(sys.stderr)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(ContextFilter())

@@ -5,6 +5,9 @@ from __future__ import annotations
 import io
 import json
 import logging
+import signal
+import subprocess
+import sys
 import threading
 
 from mm2py import logs
@@ -61,3 +64,24 @@ def test_text_lines_are_one_line_per_event_even_with_an_exception() -> None:
     lines = stream.getvalue().splitlines()
     assert len(lines) == 1
     assert lines[0].endswith("flow A->B: source part failed [RuntimeError: broker gone]")
+
+
+def test_a_crash_in_native_code_leaves_every_threads_stack_in_the_log() -> None:
+    # A process that configured its logs and then dies of a segfault (as a librdkafka
+    # bug would make it) writes what its threads were doing to stderr.
+    code = (
+        "import ctypes, threading, time\n"
+        "from mm2py import logs\n"
+        "logs.configure()\n"
+        "def copying_in_another_thread():\n"
+        "    time.sleep(30)\n"
+        "threading.Thread(target=copying_in_another_thread, daemon=True).start()\n"
+        "time.sleep(0.2)\n"
+        "ctypes.string_at(0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == -signal.SIGSEGV
+    assert "Segmentation fault" in done.stderr
+    assert "copying_in_another_thread" in done.stderr, done.stderr
