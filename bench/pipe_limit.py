@@ -12,8 +12,7 @@ the fastest tool and client settings found for it alone:
    client mm2py uses, big batches, no delivery callbacks, timed once it has its
    producer id, as a running replicator's producer has) with each of RDKAFKA_SETTINGS
    (``linger.ms`` 5 with big queues, and mm2py's own PRODUCER_TUNING) in one and in
-   PARALLEL_PRODUCERS processes;
-   then the fastest of these again, RUNS times in all.
+   PARALLEL_PRODUCERS processes; then the fastest of these again, RUNS times in all.
    The fastest run is the producing half alone (processes sharing it: all records
    over the longest one's window). ``tried`` has each run's CPU-seconds per million
    records: the JVM tool needs more CPU a record than librdkafka.
