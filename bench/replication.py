@@ -61,6 +61,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import socket
 import time
 import uuid
@@ -116,6 +117,11 @@ log = logging.getLogger("bench.replication")
 PIPE_LIMIT: Final = "pipe-limit"
 MIRRORMAKER2: Final = "mirrormaker2"
 MM2PY: Final = "mm2py"
+# Fresh clusters keep their data in memory when it has room: on this machine's disk,
+# the writeback of the gigabytes a run writes made producing 1 KiB records into B
+# vary by half between runs of one tool. No replicator here writes to the disk.
+MEMORY_DIR: Final = Path("/dev/shm")
+MEMORY_NEEDED: Final = 12 << 30
 # mm2py copying exactly-once: B.exactly.once.source.support = enabled.
 MM2PY_EOS: Final = "mm2py-exactly-once"
 SYSTEMS: Final = (PIPE_LIMIT, MIRRORMAKER2, MM2PY, MM2PY_EOS)
@@ -137,6 +143,8 @@ STEADY_WARMUP_SECONDS: Final = 5
 # The source producer sends each record at once, so its batching adds little to the
 # measured latency (the same small constant for both systems).
 STEADY_PRODUCER_PROPS: Final = {"acks": "1", "linger.ms": "0", "compression.type": "none"}
+# Python's thread switch interval while both measuring consumers run (default 5 ms).
+SWITCH_INTERVAL_S: Final = 0.0005
 # Issue 12's targets for exactly-once, each in one run: its records/s at least this
 # fraction of at-least-once's, per throughput workload; its p99 latency at LATENCY_RATE
 # below this, with the default commit interval.
@@ -211,7 +219,20 @@ def _port_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def bench_clusters() -> tuple[dict[str, LocalCluster], LocalKafka | None]:
+def default_state_dir() -> Path:
+    """Where fresh clusters keep their data: in memory (MEMORY_DIR, a tmpfs) when it has
+    MEMORY_NEEDED free, else under the cache. ``MM2PY_LOCAL_PORT_OFFSET`` gives each
+    offset its own folder."""
+    offset = os.environ.get(PORT_OFFSET_VARIABLE, "0")
+    name = "bench" if offset in ("", "0") else f"bench-{offset}"
+    try:
+        free = shutil.disk_usage(MEMORY_DIR).free
+    except OSError:
+        free = 0
+    return MEMORY_DIR / f"mm2py-{name}" if free >= MEMORY_NEEDED else cache_root() / name
+
+
+def bench_clusters(state_dir: Path) -> tuple[dict[str, LocalCluster], LocalKafka | None]:
     """Clusters A and B, and the LocalKafka to tear down afterwards if we started them."""
     ports = [broker_port(a) + k for a in ("A", "B") for k in (0, 1)]  # broker, controller
     taken = [p for p in ports if _port_open(p)]
@@ -223,8 +244,6 @@ def bench_clusters() -> tuple[dict[str, LocalCluster], LocalKafka | None]:
             file=sys.stderr,
         )
         return local_clusters(["A", "B"]), None
-    offset = os.environ.get(PORT_OFFSET_VARIABLE, "0")
-    state_dir = cache_root() / ("bench" if offset in ("", "0") else f"bench-{offset}")
     # bench.common.local_clusters (used by bench.pipe_limit) must find these clusters.
     os.environ["MM2PY_LOCAL_DIR"] = str(state_dir)
     kafka = LocalKafka(state_dir)
@@ -268,10 +287,12 @@ def replicating(
     target: LocalCluster,
     run_dir: Path,
     interval_ms: int | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> Iterator[Running]:
     """Run `system` (MM2, mm2py or mm2py exactly-once, committing every `interval_ms`)
-    replicating only `topic` source->target; stop it after."""
+    replicating only `topic` source->target, with the `settings` properties; stop it after."""
     props = topic_properties(source, target, topic)  # the same config for every system
+    props.update(settings or {})
     if system == MM2PY_EOS:
         props.update(exactly_once_properties(target, interval_ms))
     if system == MIRRORMAKER2:
@@ -312,6 +333,7 @@ def replication_throughput(
     clusters: dict[str, LocalCluster],
     run_dir: Path,
     interval_ms: int | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """`system` copying its own pre-filled copy of `workload` from A to B.
 
@@ -331,7 +353,7 @@ def replication_throughput(
         timeout = 180 + workload.total_bytes / (2 * MIB)
         # RSS is sampled from launch, so the peak covers start-up as well as the copy.
         with (
-            replicating(system, topic, source, target, run_dir, interval_ms) as running,
+            replicating(system, topic, source, target, run_dir, interval_ms, settings) as running,
             PeakRss(running.pid) as rss,
         ):
             copy = watch_copy(
@@ -348,13 +370,11 @@ def replication_throughput(
         log.warning(
             "%s: %s holds %d records, expected %d", system, remote, copied, workload.records
         )
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"settings": dict(settings)} if settings else {}
     if transactional:
         # Markers prove it committed transactions (one per partition and commit).
-        extra = {
-            "transaction_interval_ms": _interval(interval_ms),
-            "end_offsets_on_b": copy.end_offsets,
-        }
+        extra["transaction_interval_ms"] = _interval(interval_ms)
+        extra["end_offsets_on_b"] = copy.end_offsets
     return copy_line(
         system,
         workload,
@@ -425,9 +445,10 @@ def _warm_up(source: LocalCluster, target: LocalCluster, topic: str, running: Ru
 
 def _receive(
     consumer: Any, records: int, deadline: float, running: Running
-) -> list[tuple[int, float]]:
-    """Consume up to `records` records; return (timestamp, latency) of each, in ms."""
-    received: list[tuple[int, float]] = []
+) -> list[tuple[int, int, float]]:
+    """Consume up to `records` records; return (partition, timestamp, when received) of
+    each, in ms (received: wall clock)."""
+    received: list[tuple[int, int, float]] = []
     while len(received) < records and time.monotonic() < deadline:
         # consume(n, timeout) waits for n records or the timeout, which would add up to
         # the timeout to every measured latency: take what has arrived, else wait for one.
@@ -442,9 +463,28 @@ def _receive(
         for msg in batch:
             if msg.error():
                 raise ReplicatorError(f"consuming {msg.topic()}: {msg.error()}")
-            timestamp = msg.timestamp()[1]
-            received.append((timestamp, now_ms - timestamp))
+            received.append((msg.partition(), msg.timestamp()[1], now_ms))
     return received
+
+
+def replication_only(
+    on_source: Sequence[tuple[int, int, float]], on_target: Sequence[tuple[int, int, float]]
+) -> list[tuple[int, float]]:
+    """(timestamp, ms from readable on the source to readable on the target) of each
+    record both lists hold: a partition's records keep their order, so its k-th record
+    read on the target is its k-th read on the source."""
+    seen: dict[int, list[float]] = {}
+    for partition, _, when in on_source:
+        seen.setdefault(partition, []).append(when)
+    index: dict[int, int] = {}
+    pairs = []
+    for partition, timestamp, when in on_target:
+        k = index.get(partition, 0)
+        index[partition] = k + 1
+        source_times = seen.get(partition, [])
+        if k < len(source_times):
+            pairs.append((timestamp, when - source_times[k]))
+    return pairs
 
 
 def replication_latency(
@@ -453,12 +493,18 @@ def replication_latency(
     clusters: dict[str, LocalCluster],
     run_dir: Path,
     interval_ms: int | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """p50/p99 latency of `system` at LATENCY_RATE records/s over `seconds` seconds.
 
     Latency of a record = wall clock when the measuring consumer on B receives it -
     its timestamp, which the source producer sets at send time and every system copies.
     It therefore includes producing into A and fetching from B, the same for all.
+    Replication latency (``replication_p50_ms``, ``replication_p99_ms``): from when a
+    consumer on A receives the record to when the one on B does, both in this process
+    (their own fetch delays alike); it leaves out the source producer and broker A,
+    whose delays on a loaded machine (a fresh JVM producer, two brokers on two cores)
+    reached 200 ms on A alone.
 
     The measuring consumer reads read_committed, as readers of an exactly-once copy
     must: mm2py-exactly-once's records reach it only once their transaction commits
@@ -476,7 +522,7 @@ def replication_latency(
         create_topic(source, topic, steady.partitions)
         load = load_averages()
         with (
-            replicating(system, topic, source, target, run_dir, interval_ms) as running,
+            replicating(system, topic, source, target, run_dir, interval_ms, settings) as running,
             PeakRss(running.pid) as rss,
         ):
             _warm_up(source, target, topic, running)
@@ -485,9 +531,13 @@ def replication_latency(
             consumer = clients.consumer(
                 target.client_properties(), {"isolation.level": "read_committed"}
             )
+            source_consumer = clients.consumer(source.client_properties())
             # Start after the warm-up records: only steady-rate records are measured.
             consumer.assign(
                 [TopicPartition(remote, p, o) for p, o in _end_offsets(target, remote).items()]
+            )
+            source_consumer.assign(
+                [TopicPartition(topic, p, o) for p, o in _end_offsets(source, topic).items()]
             )
             log.info(
                 "%s: producing %d records/s into %s for %d s",
@@ -496,7 +546,10 @@ def replication_latency(
                 topic,
                 produce_s,
             )
-            with ThreadPoolExecutor(1) as pool:
+            # Both consumers' threads take the interpreter promptly after a fetch.
+            switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+            with ThreadPoolExecutor(2) as pool:
                 produced = pool.submit(
                     producer_performance,
                     source,
@@ -505,11 +558,17 @@ def replication_latency(
                     STEADY_PRODUCER_PROPS,
                     LATENCY_RATE,
                 )
+                deadline = time.monotonic() + produce_s + 120
+                on_source = pool.submit(
+                    _receive, source_consumer, steady.records, deadline, running
+                )
                 try:
-                    deadline = time.monotonic() + produce_s + 120
                     received = _receive(consumer, steady.records, deadline, running)
+                    read_on_source = on_source.result()
                 finally:
                     consumer.close()
+                    source_consumer.close()
+                    sys.setswitchinterval(switch_interval)
                 cpu_s = cpu.sample() - cpu_start
                 produced.result()
     finally:
@@ -521,9 +580,12 @@ def replication_latency(
         )
     # Only records sent after the first STEADY_WARMUP_SECONDS count: the cold JVMs and
     # first fetches are start-up, not the steady state.
-    cut = min(ts for ts, _ in received) + STEADY_WARMUP_SECONDS * 1000
-    latencies = sorted(latency for ts, latency in received if ts >= cut)
-    span_s = (max(ts for ts, _ in received) - cut) / 1000
+    cut = min(ts for _, ts, _ in received) + STEADY_WARMUP_SECONDS * 1000
+    latencies = sorted(when - ts for _, ts, when in received if ts >= cut)
+    replication = sorted(
+        latency for ts, latency in replication_only(read_on_source, received) if ts >= cut
+    )
+    span_s = (max(ts for _, ts, _ in received) - cut) / 1000
     rate = len(latencies) / span_s if span_s > 0 else None
     return result_line(
         system,
@@ -534,6 +596,8 @@ def replication_latency(
         None if rate is None else rate * steady.record_bytes / MIB,
         p50_ms=round(percentile(latencies, 0.50), 1),
         p99_ms=round(percentile(latencies, 0.99), 1),
+        replication_p50_ms=round(percentile(replication, 0.50), 1) if replication else None,
+        replication_p99_ms=round(percentile(replication, 0.99), 1) if replication else None,
         peak_rss_bytes=rss.peak_bytes,
         # Over all received records, the warm-up seconds' included.
         cpu_s_per_m_records=cpu_per_million(cpu_s, len(received)),
@@ -608,6 +672,7 @@ def summary(
             "mm2py_cpu_s_per_m_records": cpu,
             "mm2py_cpu_vs_mm2": _ratio(cpu, mm2.get("cpu_s_per_m_records")),
             "mm2py_p99_ms": line.get("p99_ms"),
+            "mm2py_replication_p99_ms": line.get("replication_p99_ms"),
             "mm2py_peak_rss_mib_per_process": line.get("peak_rss_mib_per_process"),
         }
     for (system, workload), line in by.items():
@@ -623,6 +688,7 @@ def summary(
                 "exactly_once_cpu_vs_at_least_once": _ratio(cpu, alos.get("cpu_s_per_m_records")),
                 "exactly_once_p50_ms": line.get("p50_ms"),
                 "exactly_once_p99_ms": line.get("p99_ms"),
+                "exactly_once_replication_p99_ms": line.get("replication_p99_ms"),
                 "exactly_once_peak_rss_mib": line.get("peak_rss_mib"),
                 "transaction_interval_ms": line.get("transaction_interval_ms"),
             }
@@ -684,6 +750,22 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help=f"steady-rate run length (default {LATENCY_SECONDS}, --quick: a tenth; 0: skip)",
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a property for every replicator's config, e.g. B.producer.linger.ms=5",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help=(
+            f"where fresh clusters keep their data (default: under {MEMORY_DIR} when it has "
+            f"{MEMORY_NEEDED >> 30} GiB free, else the cache)"
+        ),
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
@@ -696,13 +778,14 @@ def main(argv: list[str] | None = None) -> int:
     ]
     seconds = args.latency_seconds
     interval_ms: int | None = args.transaction_interval_ms
+    settings = dict(item.split("=", 1) for item in args.set)
     if seconds is None:
         seconds = LATENCY_SECONDS // scale
     run_dir = logs_dir() / f"replication-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
     log.info("logs and configs of this run: %s", run_dir)
 
-    clusters, started = bench_clusters()
+    clusters, started = bench_clusters(args.state_dir or default_state_dir())
     failures = 0
     lines: list[dict[str, Any]] = []
     load_start = load_averages()
@@ -734,11 +817,14 @@ def main(argv: list[str] | None = None) -> int:
                         clusters,
                         run_dir,
                         interval_ms,
+                        settings,
                     )
                     measure(system, workload.label, run)
         if seconds > 0:
             for system in (s for s in REPLICATORS if s in args.systems):
-                run = partial(replication_latency, system, seconds, clusters, run_dir, interval_ms)
+                run = partial(
+                    replication_latency, system, seconds, clusters, run_dir, interval_ms, settings
+                )
                 measure(system, f"steady-{LATENCY_RATE}rps", run)
     finally:
         if started is not None:
