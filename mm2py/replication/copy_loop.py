@@ -29,6 +29,11 @@ after the reset) names the position it reset from; the first record at or after 
 tells where the gap ends. Should that line change, a partition is also watched once
 `update_lag` sees its log start pass what was read.
 
+The producer batches for its linger.ms while the loop is behind; with
+`send_when_caught_up`, a batch short of BATCH_SIZE (the loop read all the source had)
+ends with `flush(SEND_WAIT)`, which sends what lingers at once, so light traffic is
+copied without waiting for the linger.
+
 Progress is the last source offset the target acknowledged (the last record of a
 run all acknowledged, or the one before a rejected record), recorded in
 ``mm2-offsets.<source>.internal``; offset syncs follow `SyncRule`. Everything here
@@ -91,6 +96,10 @@ BATCH_SIZE = 5000
 ACK_POLL_TIMEOUT = 0.001
 ACK_POLL_MAX = 0.1
 LEARN_TOPIC_TIMEOUT = 2.0
+# How long a caught-up loop waits, after asking the producer to send at once, for
+# acknowledgements (librdkafka sends only if its sender wakes before this ends; else
+# the records go at the end of linger.ms).
+SEND_WAIT = 0.001
 # Longest wait for a transaction's records to be acknowledged and committed.
 COMMIT_TIMEOUT = 60.0
 # Show at most this many partitions in an INFO line; the whole list goes to DEBUG.
@@ -240,11 +249,14 @@ class CopyLoop:
         poll_timeout: float = 1.0,
         transactions: Transactions | None = None,
         failed: dict[SourcePartition, str] | None = None,
+        send_when_caught_up: bool = False,
     ) -> None:
         """`poll_timeout`: the longest wait for records when nothing is in flight
         (``consumer.poll.timeout.ms``). `transactions`: copy exactly-once. `failed`:
         partitions stopped by a rejected record, kept by the caller across loops
-        (exactly-once); the loop adds those it stops and does not copy them."""
+        (exactly-once); the loop adds those it stops and does not copy them.
+        `send_when_caught_up`: after a batch short of BATCH_SIZE (all the source had),
+        send the records the producer holds for its linger.ms at once."""
         self.flow_name = flow_name
         self.target_alias = target_alias
         self.consumer = consumer
@@ -254,6 +266,7 @@ class CopyLoop:
         self.stats = stats
         self._stored = dict(stored)  # progress found at start
         self._on_partition_failed = on_partition_failed
+        self._send_when_caught_up = send_when_caught_up
         self._poll_timeout = poll_timeout
         self._ack_poll_max = min(poll_timeout, ACK_POLL_MAX)
         # When the loop last saw an acknowledgement, or began waiting for one (monotonic).
@@ -483,7 +496,12 @@ class CopyLoop:
         if run is not None:
             assert state is not None
             self._close_run(run, state, nxt - run.first, size, ts, wall)
-        self.producer.poll(0)
+        if self._send_when_caught_up and 0 < len(msgs) < BATCH_SIZE:
+            # flush() makes the producer send what lingers now; it also serves delivery
+            # reports, as poll does, for up to SEND_WAIT.
+            self.producer.flush(SEND_WAIT)
+        else:
+            self.producer.poll(0)
         if self.restart_reason:
             raise RuntimeError(self.restart_reason)
         if self._txn is not None:

@@ -60,6 +60,8 @@ WAITING_RETRY = 1.0
 EXACTLY_ONCE_LOAD_TIMEOUT = transactions.TRANSACTION_TIMEOUT_MS / 1000 + 30
 
 # mm2py's tuning for the copy loop's clients; the cluster's own settings win.
+# librdkafka's names for the producer's linger.
+LINGER_KEYS = ("linger.ms", "queue.buffering.max.ms")
 CONSUMER_TUNING: Mapping[str, Any] = {
     "auto.offset.reset": "earliest",
     "queued.max.messages.kbytes": 32768,
@@ -67,9 +69,11 @@ CONSUMER_TUNING: Mapping[str, Any] = {
     "fetch.queue.backoff.ms": 5,
 }
 PRODUCER_TUNING: Mapping[str, Any] = {
-    # Batches still fill while earlier requests are in flight; waiting longer
-    # only adds latency.
-    "linger.ms": 1,
+    # While the loop is behind, batches fill for up to 5 ms (Kafka 4's producer default,
+    # which MM2 copies with): fewer, larger requests to the target. Once the loop has
+    # copied what the source had, it sends what lingers at once (CopyLoop's
+    # `send_when_caught_up`), so light traffic does not wait for it.
+    "linger.ms": 5,
     "batch.size": 1000000,
     "queue.buffering.max.kbytes": 65536,
     "queue.buffering.max.messages": 200000,
@@ -219,6 +223,8 @@ class SourcePart(FlowPart):
             poll_timeout=rules.settings.consumer_poll_timeout,
             transactions=txns,
             failed=failed,
+            # A configured linger is the user's trade of latency for batching: kept.
+            send_when_caught_up=not any(key in target_props for key in LINGER_KEYS),
         )
         reset_log.on_reset = loop.offset_reset
         self._loop = loop

@@ -127,6 +127,7 @@ class FakeProducer:
         # Another writer's records land before the n-th record produced: {n: how many}.
         self.foreign_before: dict[int, int] = {}
         self.calls = 0
+        self.flushes = 0
 
     def produce(
         self,
@@ -166,6 +167,7 @@ class FakeProducer:
         return len(pending)
 
     def flush(self, timeout: float = 0) -> int:
+        self.flushes += 1
         self.poll()
         return 0
 
@@ -183,7 +185,9 @@ class FakeProgress:
         return True
 
 
-def _loop(stored: dict[tuple[str, int], int] | None = None) -> tuple[CopyLoop, FakeProducer]:
+def _loop(
+    stored: dict[tuple[str, int], int] | None = None, send_when_caught_up: bool = False
+) -> tuple[CopyLoop, FakeProducer]:
     consumer, producer = FakeConsumer(), FakeProducer()
     syncs = OffsetSyncWriter(FakeProducer(), "mm2-offset-syncs.B.internal")
     loop = CopyLoop(
@@ -195,6 +199,7 @@ def _loop(stored: dict[tuple[str, int], int] | None = None) -> tuple[CopyLoop, F
         syncs,
         ReplicationStats("A", "B"),
         stored or {},
+        send_when_caught_up=send_when_caught_up,
     )
     return loop, producer
 
@@ -358,6 +363,22 @@ def test_a_timed_out_delivery_ends_the_loop_for_a_restart_from_progress() -> Non
         loop.copy_batch(_never)  # its delivery report comes when the batch polls
     loop.commit_progress()
     assert loop.progress.written == {}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("send_when_caught_up", [True, False])
+def test_a_caught_up_loop_sends_what_lingers_at_once_unless_told_not_to(
+    send_when_caught_up: bool,
+) -> None:
+    loop, producer = _loop(send_when_caught_up=send_when_caught_up)
+    loop.assign([NewPartition("t", 0, "A.t")], {})
+    _queue(loop, *range(copy_loop.BATCH_SIZE + 3))
+    assert loop.copy_batch(_never)  # a full batch: the loop is behind
+    assert producer.flushes == 0
+    assert loop.copy_batch(_never)  # the 3 left: all the source had
+    assert producer.flushes == (1 if send_when_caught_up else 0)
+    assert loop.copy_batch(_never)  # nothing came: nothing to send
+    assert producer.flushes == (1 if send_when_caught_up else 0)
+    assert len(producer.written) == copy_loop.BATCH_SIZE + 3
 
 
 def test_sync_rule_alone() -> None:
