@@ -9,7 +9,8 @@ the fastest tool and client settings found for it alone:
    ProducerPerformance with each of PRODUCER_SETTINGS (``batch.size`` and
    ``linger.ms``) in one JVM, then the best of them in PARALLEL_PRODUCERS JVMs at once
    (each an equal share of the records); then librdkafka alone (bench.rdkafka_perf: the
-   client mm2py uses, big batches, no delivery callbacks, timed once it has its
+   client mm2py uses, big batches, no delivery callbacks, runs of records to one
+   partition at a time as a replicator writes what it read, timed once it has its
    producer id, as a running replicator's producer has) with each of RDKAFKA_SETTINGS
    (``linger.ms`` 5 with big queues, and mm2py's own PRODUCER_TUNING) in one and in
    PARALLEL_PRODUCERS processes; then the fastest of these again, RUNS times in all.
