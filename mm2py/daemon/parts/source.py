@@ -60,8 +60,6 @@ WAITING_RETRY = 1.0
 EXACTLY_ONCE_LOAD_TIMEOUT = transactions.TRANSACTION_TIMEOUT_MS / 1000 + 30
 
 # mm2py's tuning for the copy loop's clients; the cluster's own settings win.
-# librdkafka's names for the producer's linger.
-LINGER_KEYS = ("linger.ms", "queue.buffering.max.ms")
 CONSUMER_TUNING: Mapping[str, Any] = {
     "auto.offset.reset": "earliest",
     "queued.max.messages.kbytes": 32768,
@@ -78,6 +76,8 @@ PRODUCER_TUNING: Mapping[str, Any] = {
     "queue.buffering.max.kbytes": 65536,
     "queue.buffering.max.messages": 200000,
 }
+# librdkafka's names for the producer's linger: configured, it is used as it is.
+LINGER_KEYS = ("linger.ms", "queue.buffering.max.ms")
 
 
 class SourcePart(FlowPart):
