@@ -72,6 +72,7 @@ from bench.common import (
     Running,
     ToolError,
     Workload,
+    add_set_option,
     bench_topic,
     check_alive,
     cpu_per_million,
@@ -586,15 +587,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="LAYOUT",
         help='a subset of the layouts, e.g. "1 node x 1 task" "1 node x 4 tasks"',
     )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a property for every config, e.g. B.producer.linger.ms=5 (to try settings)",
-    )
+    add_set_option(parser)
     args = parser.parse_args(argv)
-    extra = dict(item.split("=", 1) for item in args.set)
+    extra = dict(args.set)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
     )

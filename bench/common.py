@@ -9,6 +9,7 @@ count "MB"), counting record values only (the workloads have no keys).
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -113,6 +114,26 @@ class ToolError(RuntimeError):
 
 class ReplicatorError(RuntimeError):
     """A replicator under test exited or did not copy what it should."""
+
+
+def add_set_option(parser: argparse.ArgumentParser) -> None:
+    """``--set KEY=VALUE`` (repeatable): a property for every replicator's config, to try
+    settings; the parsed value is a list of (key, value), ``dict(args.set)``."""
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        type=_property_setting,
+        metavar="KEY=VALUE",
+        help="a property for every replicator's config, e.g. B.producer.linger.ms=5",
+    )
+
+
+def _property_setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. B.producer.linger.ms=5)")
+    return key.strip(), value
 
 
 def emit(line: dict[str, Any]) -> None:

@@ -44,6 +44,7 @@ from typing import Any, Final
 import mm2py
 from bench.common import (
     ReplicatorError,
+    add_set_option,
     delete_topics,
     emit,
     free_port,
@@ -86,7 +87,7 @@ def one_run(
     log.info("creating and filling %d topics x %d partitions on A", args.topics, args.partitions)
     source = fill_source(source_cluster, args.topics, args.partitions, args.records)
     remote_prefix = f"{source_cluster.alias}.{source.prefix}-"
-    extra = dict(item.split("=", 1) for item in args.set)
+    extra = dict(args.set)
     try:
         props = mm2_properties(
             source_cluster.alias,
@@ -156,9 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=5, help="per partition (default 5)")
     parser.add_argument("--scrapes", type=int, default=10, help="GET /metrics (default 10)")
     parser.add_argument("--settle", type=float, default=5, help="idle seconds before (5)")
-    parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="an extra config key"
-    )
+    add_set_option(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr

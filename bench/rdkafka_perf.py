@@ -39,8 +39,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 # Records produced to one partition before the next, as a replicator writes what it
 # read: a batch of 5,000 from 8 partitions. Against one record per partition in turn
 # (1M x 1 KiB, then 2M x 100 B, into one broker, three runs each): 246k-347k vs
-# 178k-256k records/s, and 840k-987k vs 474k-692k; librdkafka's queue of one
-# partition takes a run at a time.
+# 178k-256k records/s, and 840k-987k vs 474k-692k.
 RUN_RECORDS = 625
 
 

@@ -49,12 +49,11 @@ fresh clusters are started and removed at the end, their data in memory
 (``/dev/shm/mm2py-bench``, ``-<offset>``) when it has 12 GiB free, else under
 ``<cache>/bench`` (``--state-dir`` chooses); otherwise the running A and B are reused
 (a note says so on stderr). Producing 1M x 1 KiB into B alone (librdkafka, mm2py's
-settings, four runs each) went 101k-143k records/s on this VM's disk, with 2 GiB
-dirty pages awaiting writeback, and 155k-230k in memory; no replicator writes to the
-disk itself. ``--set KEY=VALUE`` adds a property to every
-replicator's config (e.g. ``B.producer.linger.ms=5``, to try settings; the lines say
-which). Prints one JSON line per system and workload on stdout; progress goes to
-stderr.
+settings, four runs each) went 101k-143k records/s on this VM's disk, with 2 GiB dirty
+pages awaiting writeback, and 155k-230k in memory; no replicator writes to the disk
+itself. ``--set KEY=VALUE`` adds a property to every replicator's config (e.g.
+``B.producer.linger.ms=5``, to try settings; the lines say which). Prints one JSON
+line per system and workload on stdout; progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -95,6 +94,7 @@ from bench.common import (
     Running,
     ToolError,
     Workload,
+    add_set_option,
     bench_topic,
     check_alive,
     count_records,
@@ -793,13 +793,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"copies of each throughput workload per replicator, the fastest reported "
         f"(default {COPIES}, --quick: 1)",
     )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a property for every replicator's config, e.g. B.producer.linger.ms=5",
-    )
+    add_set_option(parser)
     parser.add_argument(
         "--state-dir",
         type=Path,
@@ -821,7 +815,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     seconds = args.latency_seconds
     interval_ms: int | None = args.transaction_interval_ms
-    settings = dict(item.split("=", 1) for item in args.set)
+    settings = dict(args.set)
     copies: int = args.copies if args.copies is not None else (1 if args.quick else COPIES)
     if seconds is None:
         seconds = LATENCY_SECONDS // scale
