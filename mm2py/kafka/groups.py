@@ -8,22 +8,29 @@ cannot read and leave it out (one unreadable group must not stop the others);
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Iterator, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import (
     ConsumerGroupState,
     ConsumerGroupTopicPartitions,
+    KafkaError,
     KafkaException,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
 
+from mm2py.kafka import clients
 from mm2py.kafka.clients import ADMIN_TIMEOUT, admin_result
 
 log = logging.getLogger(__name__)
+
+# How many groups' committed offsets are read at once (a consumer, so a librdkafka
+# instance, each).
+READERS = 8
 
 # The group states in which a group has no members (DEAD: unknown to the cluster).
 IDLE_GROUP_STATES = frozenset({ConsumerGroupState.EMPTY, ConsumerGroupState.DEAD})
@@ -58,28 +65,61 @@ def list_groups(admin: AdminClient, timeout: float = ADMIN_TIMEOUT) -> list[str]
     return [g.group_id for g in listed.valid]
 
 
-def list_group_offsets(
-    admin: AdminClient,
-    groups: Iterable[str],
+def read_committed(
+    consumer_props: Mapping[str, str],
+    wanted: Mapping[str, Iterable[tuple[str, int]]],
     cluster_alias: str,
     timeout: float = ADMIN_TIMEOUT,
 ) -> dict[str, dict[tuple[str, int], CommittedOffset]]:
-    """Committed offsets of each group (one request per group, all in flight at once).
+    """Each group's committed offsets in the partitions asked for it (group -> partitions).
 
-    A group whose offsets cannot be read is logged and left out.
+    Read through a consumer of the group that never joins it (librdkafka's committed()),
+    not the admin API: librdkafka's ListConsumerGroupOffsets crashes the process (up to
+    2.16 at least, librdkafka issue 5040) when the coordinator answers NOT_COORDINATOR,
+    as a broker does for a moment after a pause or on a cluster just started: it asks
+    the admin client's consumer group, which it has none of, to find the coordinator.
+
+    Up to READERS groups are read at once, all within `timeout` seconds. A group that
+    cannot be read in time is logged and left out; so are partitions it never committed.
     """
-    futures: dict[str, Future[Any]] = {}
-    for group in groups:
-        request = [ConsumerGroupTopicPartitions(group)]
-        futures.update(admin.list_consumer_group_offsets(request, request_timeout=timeout))
-    return {
-        group: {
+    groups = {group: sorted(set(parts)) for group, parts in wanted.items()}
+    if not groups:
+        return {}
+    deadline = time.monotonic() + timeout
+
+    def read(group: str) -> dict[tuple[str, int], CommittedOffset]:
+        asked = [TopicPartition(t, p) for t, p in groups[group]]
+        if not asked:
+            return {}
+        left = deadline - time.monotonic()
+        if left <= 0:
+            late = KafkaError(KafkaError._TIMED_OUT, f"not read within {timeout:.0f} s")
+            raise KafkaException(late)
+        consumer = clients.consumer(consumer_props, {"group.id": group})
+        try:
+            answered = consumer.committed(asked, timeout=left)
+        finally:
+            consumer.close()
+        return {
             (tp.topic, tp.partition): CommittedOffset(tp.offset, tp.metadata or "")
-            for tp in result.topic_partitions or []
+            for tp in answered
             if tp.error is None and tp.offset >= 0
         }
-        for group, result in _answers(futures, "reading offsets of", cluster_alias, timeout)
-    }
+
+    out: dict[str, dict[tuple[str, int], CommittedOffset]] = {}
+    with ThreadPoolExecutor(min(READERS, len(groups)), "group-offsets") as pool:
+        futures = {group: pool.submit(read, group) for group in groups}
+        for group, future in futures.items():
+            try:
+                out[group] = future.result()
+            except KafkaException as exc:
+                log.error(
+                    "reading offsets of group %s on cluster %s: %s",
+                    group,
+                    cluster_alias,
+                    clients.error_text(exc),
+                )
+    return out
 
 
 def describe_groups(

@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal
 
+from confluent_kafka import KafkaException
+
 from mm2py.compat.flow import FlowRules
 from mm2py.compat.formats import Checkpoint
 from mm2py.compat.offsets import OffsetSyncStore
@@ -31,10 +33,11 @@ from mm2py.kafka.groups import (
     CommittedOffset,
     commit_group_offsets,
     describe_groups,
-    list_group_offsets,
+    read_committed,
 )
 from mm2py.kafka.internal_topics import load_checkpoints, read_offset_syncs
 from mm2py.kafka.reader import ReaderError
+from mm2py.kafka.topics import partition_counts
 
 Status = Literal["ok", "stale", "untranslated"]
 
@@ -396,7 +399,13 @@ def _read_source(
     if not clients.describe_cluster(source.librdkafka("admin"), timeout=5):
         return None, f"cluster {flow.source} does not answer"
     admin = clients.admin_client(source.librdkafka("admin"))
-    offsets = list_group_offsets(admin, [group], flow.source, rules.settings.admin_timeout)
+    timeout = rules.settings.admin_timeout
+    try:
+        counts = partition_counts(admin, timeout)
+    except KafkaException as exc:
+        return None, f"the topics of {flow.source} could not be listed: {clients.error_text(exc)}"
+    every = [(topic, p) for topic, n in counts.items() for p in range(n)]
+    offsets = read_committed(source.librdkafka("consumer"), {group: every}, flow.source, timeout)
     if group not in offsets:
         return None, f"the offsets of group {group} could not be read"
     committed = {key: c.offset for key, c in offsets[group].items()}

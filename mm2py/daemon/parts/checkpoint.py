@@ -65,11 +65,11 @@ from mm2py.kafka.groups import (
     GroupOffsets,
     commit_group_offsets,
     describe_groups,
-    list_group_offsets,
     list_groups,
+    read_committed,
 )
 from mm2py.kafka.internal_topics import OffsetSyncTail, load_checkpoints
-from mm2py.kafka.topics import ensure_internal_topic
+from mm2py.kafka.topics import ensure_internal_topic, partition_counts
 from mm2py.replication.stats import Sensor
 
 log = logging.getLogger(__name__)
@@ -285,7 +285,7 @@ class CheckpointPart(FlowPart):
             log.warning("flow %s: listing groups on %s failed: %s", flow.name, flow.source, exc)
             return self.groups
         names = [g for g in listed if rules.group_filter.should_replicate_group(g)]
-        offsets = list_group_offsets(self._source_admin, names, flow.source, self.admin_timeout)
+        offsets = self._source_offsets(names)
         found = {
             group
             for group, committed in offsets.items()
@@ -303,15 +303,39 @@ class CheckpointPart(FlowPart):
             )
         return found
 
+    def _source_offsets(
+        self, groups: list[str]
+    ) -> dict[str, dict[tuple[str, int], CommittedOffset]]:
+        """The groups' committed offsets on the source, in the topics the flow replicates.
+
+        Groups that cannot be read, or whose topics cannot be listed, are left out (logged).
+        """
+        flow = self.flow
+        try:
+            counts = partition_counts(self._source_admin, self.admin_timeout)
+        except KafkaException as exc:
+            log.warning("flow %s: listing topics on %s failed: %s", flow.name, flow.source, exc)
+            return {}
+        replicated = [
+            (topic, p)
+            for topic, n in counts.items()
+            if self.rules.topic_filter.should_replicate_topic(topic)
+            for p in range(n)
+        ]
+        return read_committed(
+            self.source.librdkafka("consumer"),
+            {group: replicated for group in groups},
+            flow.source,
+            self.admin_timeout,
+        )
+
     # -- checkpoints -----------------------------------------------------------
 
     def _emit_checkpoints(self) -> None:
         if not self.groups:
             return
         listed_at = time.time()
-        offsets = list_group_offsets(
-            self._source_admin, sorted(self.groups), self.flow.source, self.admin_timeout
-        )
+        offsets = self._source_offsets(sorted(self.groups))
         emitted: list[tuple[Checkpoint, Translation]] = []
         for group, committed in offsets.items():
             for cp, found in translate_group(group, committed, self.rules, self.syncs):
@@ -384,7 +408,12 @@ class CheckpointPart(FlowPart):
         candidates = sorted(g for g in self.groups if self.store.groups.get(g))
         activity = describe_groups(self._target_admin, candidates, flow.target, self.admin_timeout)
         idle = [g for g in candidates if g in activity and activity[g].idle]
-        current = list_group_offsets(self._target_admin, idle, flow.target, self.admin_timeout)
+        current = read_committed(
+            self.target.librdkafka("consumer"),
+            {group: self.store.of_group(group) for group in idle},
+            flow.target,
+            self.admin_timeout,
+        )
         for group in idle:
             if group not in current:
                 continue
