@@ -30,6 +30,7 @@ from tests.kafka_helpers import (
     awkward_records,
     create_topic,
     end_offsets,
+    end_transaction,
     produce,
     read_all,
     wait_until,
@@ -138,11 +139,7 @@ def _transactions(cluster: LocalCluster, topic: str, txn_id: str, batches: str) 
         producer.begin_transaction()
         for i in range(5):
             producer.produce(topic, value=f"{batch}{i}".encode(), partition=0)
-        producer.flush(30)  # aborted records must reach the log, not be purged unsent
-        if batch.isupper():
-            producer.commit_transaction(30)
-        else:
-            producer.abort_transaction(30)
+        end_transaction(producer, commit=batch.isupper())
 
 
 def test_backfill_copies_byte_equal_with_exact_offset_syncs_and_progress(

@@ -22,7 +22,7 @@ from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka import clients
 from mm2py.kafka.internal_topics import read_offset_syncs
 from tests.daemon_harness import mm2_properties, running_daemon
-from tests.kafka_helpers import RECENT_MS, Rec, create_topic, read_all, wait_until
+from tests.kafka_helpers import RECENT_MS, Rec, create_topic, end_transaction, read_all, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -50,10 +50,7 @@ def _produce_transactions(a: LocalCluster, topic: str, done: threading.Event) ->
                     timestamp=RECENT_MS,
                 )
                 producer.poll(0)
-            if t % 5 == 4:
-                producer.abort_transaction(30)
-            else:
-                producer.commit_transaction(30)
+            end_transaction(producer, commit=t % 5 != 4)
             time.sleep(0.05)  # keep copying and foreign writing interleaved
     finally:
         done.set()

@@ -28,7 +28,7 @@ from mm2py.kafka import clients
 from mm2py.kafka.internal_topics import read_offset_syncs
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.integration.test_cluster import _running_tasks, _tasks_of, _wait_tasks
-from tests.kafka_helpers import RECENT_MS, Rec, create_topic, read_all, wait_until
+from tests.kafka_helpers import RECENT_MS, Rec, create_topic, end_transaction, read_all, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -82,10 +82,7 @@ class LiveProducer:
             p = self.random.randrange(PARTITIONS)
             word = "txn" if commit else "aborted"
             self._txn.produce(self.topic, f"{word}:{self.sent}:{i}".encode(), partition=p)
-        if commit:
-            self._txn.commit_transaction(30)
-        else:
-            self._txn.abort_transaction(30)
+        end_transaction(self._txn, commit)
 
     def __enter__(self) -> LiveProducer:
         self._thread.start()

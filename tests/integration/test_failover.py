@@ -37,7 +37,14 @@ from mm2py.kafka import clients
 from mm2py.tools.translate import gather
 from tests.conftest import Clusters
 from tests.daemon_harness import RunningDaemon, mm2_properties, running_daemon
-from tests.kafka_helpers import create_topic, end_offsets, produce, read_all, wait_until
+from tests.kafka_helpers import (
+    create_topic,
+    end_offsets,
+    end_transaction,
+    produce,
+    read_all,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -87,10 +94,8 @@ def produce_transactions(a: LocalCluster, topic: str, batches: int, size: int) -
         n += size
         for value in values:
             producer.produce(topic, value=value, partition=0)
-        if batch % 3 == 1:
-            producer.abort_transaction(30)
-        else:
-            producer.commit_transaction(30)
+        end_transaction(producer, commit=batch % 3 != 1)
+        if batch % 3 != 1:
             committed.update(values)
     return committed
 

@@ -36,6 +36,7 @@ from tests.kafka_helpers import (
     Rec,
     create_topic,
     end_offsets,
+    end_transaction,
     produce,
     read_all,
     wait_until,
@@ -177,12 +178,12 @@ class LiveProducer:
                 for _ in range(3 * PARTITIONS):
                     tx.produce(self.topic, **self._record(n))
                     n += 1
-                if round_ % 3 == 1:
-                    tx.abort_transaction(30)
-                    self.aborted += 3 * PARTITIONS
-                else:
-                    tx.commit_transaction(30)
+                commit = round_ % 3 != 1
+                end_transaction(tx, commit)
+                if commit:
                     self.committed += 3 * PARTITIONS
+                else:
+                    self.aborted += 3 * PARTITIONS
                 for _ in range(PARTITIONS):
                     plain.produce(self.topic, **self._record(n))
                     n += 1

@@ -44,6 +44,7 @@ from tests.kafka_helpers import (
     RECENT_MS,
     create_topic,
     end_offsets,
+    end_transaction,
     produce,
     read_all,
     topic_names,
@@ -387,10 +388,8 @@ def _produce_with_aborts(d: LocalCluster, topic: str) -> int:
         for i in range(10):
             n = batch * 10 + i
             producer.produce(topic, value=f"v{n}".encode(), partition=0, timestamp=RECENT_MS + n)
-        if batch % 3 == 1:
-            producer.abort_transaction(30)
-        else:
-            producer.commit_transaction(30)
+        end_transaction(producer, commit=batch % 3 != 1)
+        if batch % 3 != 1:
             committed += 10
     plain: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]], int]]
     plain = [(0, None, f"v{100 + i}".encode(), [], RECENT_MS + 100 + i) for i in range(10)]

@@ -23,7 +23,7 @@ from confluent_kafka import Producer, TopicPartition
 from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka import clients
 from tests.daemon_harness import RunningDaemon, mm2_properties, running_daemon
-from tests.kafka_helpers import create_topic, produce, read_all, wait_until
+from tests.kafka_helpers import create_topic, end_transaction, produce, read_all, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -164,10 +164,7 @@ def test_transaction_markers_and_aborted_records_are_not_counted_as_skipped(
             producer.begin_transaction()
             for i in range(10):
                 producer.produce(unique, value=f"{batch}{i}".encode(), partition=0)
-            if commit:
-                producer.commit_transaction(30)
-            else:
-                producer.abort_transaction(30)
+            end_transaction(producer, commit)
 
     transactions(("a", True), ("b", False), ("c", True))
     with running_daemon(config) as daemon:

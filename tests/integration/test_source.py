@@ -27,6 +27,7 @@ from tests.kafka_helpers import (
     awkward_records,
     create_topic,
     end_offsets,
+    end_transaction,
     produce,
     read_all,
     wait_until,
@@ -109,10 +110,7 @@ def test_aborted_transactions_are_not_copied(
         producer.begin_transaction()
         for i in range(10):
             producer.produce(unique, value=f"{batch}{i}".encode(), partition=0)
-        if commit:
-            producer.commit_transaction(30)
-        else:
-            producer.abort_transaction(30)
+        end_transaction(producer, commit)
     with running_daemon(_config(tmp_path, cluster_a, cluster_b, unique)):
         copied = _copied(cluster_b, f"A.{unique}", 30)
         values = [r.value for r in copied]

@@ -14,7 +14,14 @@ from confluent_kafka import Producer, TopicPartition
 from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka import clients
 from tests.daemon_harness import mm2_properties, running_daemon
-from tests.kafka_helpers import RECENT_MS, create_topic, end_offsets, produce, wait_until
+from tests.kafka_helpers import (
+    RECENT_MS,
+    create_topic,
+    end_offsets,
+    end_transaction,
+    produce,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -39,11 +46,7 @@ def _transactions(cluster: LocalCluster, topic: str, unique: str) -> None:
         producer.begin_transaction()
         for i in range(5):
             producer.produce(topic, f"tx-{commit}-{i}".encode(), b"k", partition=0)
-        producer.flush(30)  # written to the log before the abort, so they take offsets
-        if commit:
-            producer.commit_transaction(30)
-        else:
-            producer.abort_transaction(30)
+        end_transaction(producer, commit)
 
 
 def test_verify_proves_equal_copies_and_catches_a_corrupted_target(
