@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,20 @@ def partition_counts(admin: AdminClient, timeout: float = ADMIN_TIMEOUT) -> dict
     """Every topic of a cluster with its partition count."""
     meta = admin.list_topics(timeout=timeout)
     return {name: len(t.partitions) for name, t in meta.topics.items() if t.error is None}
+
+
+def topic_partitions(
+    admin: AdminClient,
+    keep: Callable[[str], bool] = lambda _topic: True,
+    timeout: float = ADMIN_TIMEOUT,
+) -> list[tuple[str, int]]:
+    """Every (topic, partition) of the cluster's topics that `keep` accepts."""
+    return [
+        (topic, p)
+        for topic, n in partition_counts(admin, timeout).items()
+        if keep(topic)
+        for p in range(n)
+    ]
 
 
 def await_partitions(

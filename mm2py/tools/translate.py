@@ -37,7 +37,7 @@ from mm2py.kafka.groups import (
 )
 from mm2py.kafka.internal_topics import load_checkpoints, read_offset_syncs
 from mm2py.kafka.reader import ReaderError
-from mm2py.kafka.topics import partition_counts
+from mm2py.kafka.topics import topic_partitions
 
 Status = Literal["ok", "stale", "untranslated"]
 
@@ -401,10 +401,9 @@ def _read_source(
     admin = clients.admin_client(source.librdkafka("admin"))
     timeout = rules.settings.admin_timeout
     try:
-        counts = partition_counts(admin, timeout)
+        every = topic_partitions(admin, timeout=timeout)
     except KafkaException as exc:
         return None, f"the topics of {flow.source} could not be listed: {clients.error_text(exc)}"
-    every = [(topic, p) for topic, n in counts.items() for p in range(n)]
     offsets = read_committed(source.librdkafka("consumer"), {group: every}, flow.source, timeout)
     if group not in offsets:
         return None, f"the offsets of group {group} could not be read"

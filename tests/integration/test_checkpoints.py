@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin._config import ConfigResource
 
 from mm2py.compat.formats import Checkpoint, OffsetSync
@@ -21,6 +21,8 @@ from mm2py.config import load_config
 from mm2py.dev.launcher import LocalCluster
 from mm2py.dev.mirrormaker import RealMirrorMaker
 from mm2py.kafka import clients
+from mm2py.kafka.groups import read_committed
+from mm2py.kafka.topics import topic_partitions
 from mm2py.tools.translate import gather
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.kafka_helpers import create_topic, produce, read_all, wait_until
@@ -82,10 +84,11 @@ def _latest(b: LocalCluster, group: str) -> dict[tuple[str, int], Checkpoint]:
 
 
 def _group_offsets(cluster: LocalCluster, group: str) -> dict[tuple[str, int], int]:
-    admin = clients.admin_client(cluster.client_properties())
-    request = [ConsumerGroupTopicPartitions(group)]
-    result = admin.list_consumer_group_offsets(request)[group].result(30)
-    return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions if tp.offset >= 0}
+    """The group's committed offsets in every partition of the cluster."""
+    props = cluster.client_properties()
+    every = topic_partitions(clients.admin_client(props), timeout=30)
+    read = read_committed(props, {group: every}, cluster.alias, timeout=30)
+    return {key: committed.offset for key, committed in read[group].items()}
 
 
 def _stays(probe: Any, seconds: float = 2.5) -> None:

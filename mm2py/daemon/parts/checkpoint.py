@@ -69,7 +69,7 @@ from mm2py.kafka.groups import (
     read_committed,
 )
 from mm2py.kafka.internal_topics import OffsetSyncTail, load_checkpoints
-from mm2py.kafka.topics import ensure_internal_topic, partition_counts
+from mm2py.kafka.topics import ensure_internal_topic, topic_partitions
 from mm2py.replication.stats import Sensor
 
 log = logging.getLogger(__name__)
@@ -286,6 +286,8 @@ class CheckpointPart(FlowPart):
             return self.groups
         names = [g for g in listed if rules.group_filter.should_replicate_group(g)]
         offsets = self._source_offsets(names)
+        if offsets is None:
+            return self.groups
         found = {
             group
             for group, committed in offsets.items()
@@ -293,6 +295,8 @@ class CheckpointPart(FlowPart):
                 rules.group_filter, rules.topic_filter, group, (t for t, _p in committed)
             )
         }
+        # A group whose offsets could not be read this time stays as it was.
+        found |= self.groups.intersection(names).difference(offsets)
         if found != self.groups:
             log.info(
                 "flow %s: checkpointing %d consumer groups (%d new, %d gone)",
@@ -305,23 +309,22 @@ class CheckpointPart(FlowPart):
 
     def _source_offsets(
         self, groups: list[str]
-    ) -> dict[str, dict[tuple[str, int], CommittedOffset]]:
+    ) -> dict[str, dict[tuple[str, int], CommittedOffset]] | None:
         """The groups' committed offsets on the source, in the topics the flow replicates.
 
-        Groups that cannot be read, or whose topics cannot be listed, are left out (logged).
+        Groups that cannot be read are left out (logged); None when the source's topics
+        cannot be listed.
         """
         flow = self.flow
         try:
-            counts = partition_counts(self._source_admin, self.admin_timeout)
+            replicated = topic_partitions(
+                self._source_admin,
+                self.rules.topic_filter.should_replicate_topic,
+                self.admin_timeout,
+            )
         except KafkaException as exc:
             log.warning("flow %s: listing topics on %s failed: %s", flow.name, flow.source, exc)
-            return {}
-        replicated = [
-            (topic, p)
-            for topic, n in counts.items()
-            if self.rules.topic_filter.should_replicate_topic(topic)
-            for p in range(n)
-        ]
+            return None
         return read_committed(
             self.source.librdkafka("consumer"),
             {group: replicated for group in groups},
@@ -336,6 +339,8 @@ class CheckpointPart(FlowPart):
             return
         listed_at = time.time()
         offsets = self._source_offsets(sorted(self.groups))
+        if offsets is None:
+            return
         emitted: list[tuple[Checkpoint, Translation]] = []
         for group, committed in offsets.items():
             for cp, found in translate_group(group, committed, self.rules, self.syncs):
