@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.cimpl import NewTopic
 
 from mm2py.dev.launcher import LocalCluster
@@ -167,15 +167,38 @@ def read_all(
         consumer.close()
 
 
-def end_offsets(cluster: LocalCluster, topic: str) -> dict[int, int]:
-    """The high watermark of each partition of `topic`."""
+# Errors of a partition whose leader is not known yet, as right after its topic was
+# created: asking again soon answers.
+_LEADER_NOT_YET = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_PARTITION,
+    }
+)
+
+
+def end_offsets(cluster: LocalCluster, topic: str, timeout: float = 10.0) -> dict[int, int]:
+    """The high watermark of each partition of `topic` ({} when it does not exist).
+
+    A partition whose leader is not known yet (its topic was just created) is asked
+    again until `timeout`.
+    """
     consumer = clients.consumer(cluster.client_properties())
+    deadline = time.monotonic() + timeout
     try:
-        meta = consumer.list_topics(topic, timeout=10).topics[topic]
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in meta.partitions
-        }
+        meta = consumer.list_topics(topic, timeout=timeout).topics[topic]
+        out: dict[int, int] = {}
+        for p in meta.partitions:
+            while p not in out:
+                try:
+                    out[p] = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout)[1]
+                except KafkaException as exc:
+                    if exc.args[0].code() not in _LEADER_NOT_YET or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+        return out
     finally:
         consumer.close()
 

@@ -29,7 +29,7 @@ from mm2py.dev.mirrormaker import render_properties
 from mm2py.kafka import clients
 from tests.conftest import Clusters
 from tests.daemon_harness import running_daemon
-from tests.kafka_helpers import create_topic, produce, topic_names, wait_until
+from tests.kafka_helpers import create_topic, end_offsets, produce, topic_names, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -58,21 +58,6 @@ def _config(
     path = tmp_path / "mm2.properties"
     path.write_text(render_properties(props))
     return path
-
-
-def _end_offsets(cluster: LocalCluster, topic: str) -> dict[int, int]:
-    """High watermarks of `topic`'s partitions; empty if the topic does not exist."""
-    consumer = clients.consumer(cluster.client_properties())
-    try:
-        meta = consumer.list_topics(timeout=10).topics.get(topic)
-        if meta is None:
-            return {}
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in meta.partitions
-        }
-    finally:
-        consumer.close()
 
 
 def _heartbeats(
@@ -142,7 +127,7 @@ def test_heartbeats_reach_the_target_in_mm2_format_at_the_interval(
     config = load_config(path)
     metrics = Metrics()
     part = HeartbeatPart(config.flow(source, "B"), config.cluster("B"), metrics, watch=True)
-    start = _end_offsets(cluster_b, "heartbeats")
+    start = end_offsets(cluster_b, "heartbeats")
     since = int(time.time() * 1000)
     part.start()
     try:
@@ -182,7 +167,7 @@ def test_heartbeats_reach_the_target_in_mm2_format_at_the_interval(
     resource = ConfigResource(ConfigResource.Type.TOPIC, "heartbeats")
     topic_config = admin.describe_configs([resource])[resource].result(timeout=30)
     assert topic_config["cleanup.policy"].value == "compact"
-    assert _end_offsets(cluster_b, "heartbeats").keys() == {0}
+    assert end_offsets(cluster_b, "heartbeats").keys() == {0}
     # The watcher sees the local topic: 0 hops, emitted into B itself.
     assert 0 <= ages[("B", "B", "0")] < 30
 
@@ -223,7 +208,7 @@ def test_chain_carries_heartbeats_over_two_hops(
 
 
 def _tail(cluster: LocalCluster, topic: str, records: int = 200) -> dict[int, int]:
-    return {p: max(end - records, 0) for p, end in _end_offsets(cluster, topic).items()}
+    return {p: max(end - records, 0) for p, end in end_offsets(cluster, topic).items()}
 
 
 def test_active_active_heartbeats_do_not_loop(
