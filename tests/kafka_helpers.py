@@ -67,6 +67,23 @@ def end_transaction(producer: Any, commit: bool, timeout: float = 30) -> None:
     producer.abort_transaction(timeout)
 
 
+def commit_offsets(
+    cluster: LocalCluster, group: str, offsets: dict[tuple[str, int], int], metadata: str = ""
+) -> None:
+    """Commit offsets for a group without members (as an admin tool would)."""
+    consumer = clients.consumer(cluster.client_properties(), {"group.id": group})
+    try:
+        consumer.commit(
+            offsets=[
+                TopicPartition(t, p, o, metadata) if metadata else TopicPartition(t, p, o)
+                for (t, p), o in offsets.items()
+            ],
+            asynchronous=False,
+        )
+    finally:
+        consumer.close()
+
+
 def create_topic(
     cluster: LocalCluster, name: str, partitions: int = 1, config: dict[str, str] | None = None
 ) -> None:

@@ -25,7 +25,7 @@ from mm2py.kafka.groups import read_committed
 from mm2py.kafka.topics import topic_partitions
 from mm2py.tools.translate import gather
 from tests.daemon_harness import mm2_properties, running_daemon
-from tests.kafka_helpers import create_topic, produce, read_all, wait_until
+from tests.kafka_helpers import commit_offsets, create_topic, produce, read_all, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -37,23 +37,6 @@ def _config(tmp_path: Path, a: LocalCluster, b: LocalCluster, prefix: str, **ext
     extra = {"groups": f"{prefix}-.*", **extra}
     path.write_text(mm2_properties(a, b, f"{prefix}-.*", **extra))
     return path
-
-
-def _commit(
-    cluster: LocalCluster, group: str, offsets: dict[tuple[str, int], int], meta: str = ""
-) -> None:
-    """Commit offsets for a group without members (as an admin tool would)."""
-    consumer = clients.consumer(cluster.client_properties(), {"group.id": group})
-    try:
-        consumer.commit(
-            offsets=[
-                TopicPartition(t, p, o, meta) if meta else TopicPartition(t, p, o)
-                for (t, p), o in offsets.items()
-            ],
-            asynchronous=False,
-        )
-    finally:
-        consumer.close()
 
 
 def _checkpoints(b: LocalCluster, group: str) -> list[Checkpoint]:
@@ -132,9 +115,9 @@ def test_checkpoints_are_written_in_mm2_format_for_the_groups_that_pass_the_filt
     create_topic(cluster_a, unreplicated)
     produce(cluster_a, topic, [(i % 2, None, b"x") for i in range(200)])
     good, excluded, elsewhere = f"{prefix}-good", f"{prefix}-excluded", f"{prefix}-elsewhere"
-    _commit(cluster_a, good, {(topic, 0): 30, (topic, 1): 70}, meta="m1")
-    _commit(cluster_a, excluded, {(topic, 0): 10})
-    _commit(cluster_a, elsewhere, {(unreplicated, 0): 0})
+    commit_offsets(cluster_a, good, {(topic, 0): 30, (topic, 1): 70}, metadata="m1")
+    commit_offsets(cluster_a, excluded, {(topic, 0): 10})
+    commit_offsets(cluster_a, elsewhere, {(unreplicated, 0): 0})
     config = _config(
         tmp_path, cluster_a, cluster_b, prefix, **{"groups.exclude": f"{prefix}-excluded"}
     )
@@ -145,7 +128,7 @@ def test_checkpoints_are_written_in_mm2_format_for_the_groups_that_pass_the_filt
         }
         wait_until(lambda: _latest(cluster_b, good) == want, what="checkpoints of the group")
         # A new commit is checkpointed at the next interval.
-        _commit(cluster_a, good, {(topic, 0): 100}, meta="m2")
+        commit_offsets(cluster_a, good, {(topic, 0): 100}, metadata="m2")
         wait_until(
             lambda: _latest(cluster_b, good)[(f"A.{topic}", 0)].downstream_offset == 100,
             what="the checkpoint of the new commit",
@@ -180,12 +163,12 @@ def test_checkpoints_never_move_backwards_across_restarts(
     producer = clients.producer(cluster_b.client_properties())
     producer.produce(CHECKPOINTS, earlier.encode_value(), earlier.encode_key(), 0)
     assert producer.flush(30) == 0
-    _commit(cluster_a, group, {(topic, 0): 50})
+    commit_offsets(cluster_a, group, {(topic, 0): 50})
     config = _config(tmp_path, cluster_a, cluster_b, prefix)
     with running_daemon(config) as daemon:
         _synced(cluster_a, topic, 99)  # so that every translation below is exact
-        _commit(cluster_a, group, {(topic, 0): 55})  # translates to 55: behind 60
-        _commit(cluster_a, group, {(topic, 0): 65})
+        commit_offsets(cluster_a, group, {(topic, 0): 55})  # translates to 55: behind 60
+        commit_offsets(cluster_a, group, {(topic, 0): 65})
         wait_until(lambda: _latest(cluster_b, group)[(remote, 0)].upstream_offset == 65)
         assert daemon.stop()[0] == 0
     assert [(c.upstream_offset, c.downstream_offset) for c in _checkpoints(cluster_b, group)] == [
@@ -194,7 +177,7 @@ def test_checkpoints_never_move_backwards_across_restarts(
     ]
     with running_daemon(config) as daemon:
         # A rewind on the source is followed, as MM2 does: the group asked for it.
-        _commit(cluster_a, group, {(topic, 0): 20})
+        commit_offsets(cluster_a, group, {(topic, 0): 20})
         wait_until(lambda: _latest(cluster_b, group)[(remote, 0)].upstream_offset == 20)
         assert daemon.stop()[0] == 0
     history = [(c.upstream_offset, c.downstream_offset) for c in _checkpoints(cluster_b, group)]
@@ -212,7 +195,7 @@ def test_group_offsets_are_synced_to_idle_groups_and_never_moved_back(
     remote = f"A.{topic}"
     create_topic(cluster_a, topic)
     produce(cluster_a, topic, [(0, None, b"x")] * 100)
-    _commit(cluster_a, group, {(topic, 0): 40})
+    commit_offsets(cluster_a, group, {(topic, 0): 40})
     config = _config(
         tmp_path, cluster_a, cluster_b, prefix, **{"sync.group.offsets.enabled": "true"}
     )
@@ -223,14 +206,14 @@ def test_group_offsets_are_synced_to_idle_groups_and_never_moved_back(
     with running_daemon(config):
         wait_until(lambda: on_b() == 40, what="the group's offset synced to B")
         with _member(cluster_b, group, remote) as member:
-            _commit(cluster_a, group, {(topic, 0): 60})
+            commit_offsets(cluster_a, group, {(topic, 0): 60})
             wait_until(lambda: _latest(cluster_b, group)[(remote, 0)].downstream_offset == 60)
             # The group has a member on B: its position is left alone.
             _stays(lambda: (member.poll(0), on_b())[1] == 40)
             member.commit(offsets=[TopicPartition(remote, 0, 80)], asynchronous=False)
         # Idle again, but at 80 on B: the checkpoint (60) would move it back.
         _stays(lambda: on_b() == 80)
-        _commit(cluster_a, group, {(topic, 0): 90})
+        commit_offsets(cluster_a, group, {(topic, 0): 90})
         wait_until(lambda: on_b() == 90, what="the group moved forward on B")
 
 
@@ -246,7 +229,7 @@ def test_translate_offsets_prints_applies_and_refuses(
     create_topic(cluster_a, topic, partitions=2)
     create_topic(cluster_a, unreplicated)
     produce(cluster_a, topic, [(i % 2, None, b"x") for i in range(100)])
-    _commit(cluster_a, group, {(topic, 0): 12, (topic, 1): 34})
+    commit_offsets(cluster_a, group, {(topic, 0): 12, (topic, 1): 34})
     config = _config(tmp_path, cluster_a, cluster_b, prefix)
     with running_daemon(config):
         mirror = load_config(config)
@@ -291,7 +274,7 @@ def test_translate_offsets_prints_applies_and_refuses(
         assert "active member" in refused.stderr and group in refused.stderr
 
         # A partition that cannot be translated is listed with the reason, exit 1.
-        _commit(cluster_a, group, {(unreplicated, 0): 0})
+        commit_offsets(cluster_a, group, {(unreplicated, 0): 0})
         partial = _translate(config, group)
         assert partial.returncode == 1
         assert f"{unreplicated} is not replicated by A->B" in partial.stdout
@@ -312,7 +295,7 @@ def test_translate_offsets_reads_checkpoints_real_mm2_wrote(
     create_topic(cluster_a, topic)
     produce(cluster_a, topic, [(0, None, b"x")] * 50)
     # Committed before MM2 starts: its checkpoint connector finds the group at once.
-    _commit(cluster_a, group, {(topic, 0): 50})
+    commit_offsets(cluster_a, group, {(topic, 0): 50})
     config = _config(tmp_path, cluster_a, cluster_b, prefix)
     with RealMirrorMaker(config, tmp_path / "mm2"):
 

@@ -59,7 +59,15 @@ from tests.integration.test_mm2_handover import (
     _batch,
     _count,
 )
-from tests.kafka_helpers import RECENT_MS, Rec, create_topic, produce, read_all, wait_until
+from tests.kafka_helpers import (
+    RECENT_MS,
+    Rec,
+    commit_offsets,
+    create_topic,
+    produce,
+    read_all,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -581,17 +589,6 @@ def test_a_new_topic_moves_no_partition_and_restarts_no_task(
         assert {node.proc.pid: _moves(node) for node in nodes} == moves, "tasks moved"
 
 
-def _commit(cluster: LocalCluster, group: str, offsets: dict[tuple[str, int], int]) -> None:
-    """Commit offsets for a group without members (as an admin tool would)."""
-    consumer = clients.consumer(cluster.client_properties(), {"group.id": group})
-    try:
-        consumer.commit(
-            offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
-        )
-    finally:
-        consumer.close()
-
-
 def _checkpointed(b: LocalCluster, group: str) -> dict[tuple[str, int], int]:
     """The latest upstream offset checkpointed on B for each partition of `group`."""
     out: dict[tuple[str, int], int] = {}
@@ -647,7 +644,7 @@ def test_once_per_flow_work_goes_on_from_another_node_when_its_node_dies(
         assert _once_per_flow_states(leader) == dict.fromkeys(ONCE_PER_FLOW, "RUNNING")
         assert _once_per_flow_states(other) == dict.fromkeys(ONCE_PER_FLOW, "STANDBY")
         _assert_copied(cluster_a, cluster_b, unique)
-        _commit(cluster_a, group, {(unique, 0): 40, (unique, 1): 40})
+        commit_offsets(cluster_a, group, {(unique, 0): 40, (unique, 1): 40})
         wait_until(
             lambda: _checkpointed(cluster_b, group) == {(remote, 0): 40, (remote, 1): 40},
             what=f"checkpoints of {group} at 40",
@@ -664,7 +661,7 @@ def test_once_per_flow_work_goes_on_from_another_node_when_its_node_dies(
         )
         took = time.monotonic() - killed
         assert took <= FAILOVER_S
-        _commit(cluster_a, group, {(unique, 0): 90, (unique, 1): 90})
+        commit_offsets(cluster_a, group, {(unique, 0): 90, (unique, 1): 90})
         _set_retention(cluster_a, unique, "172800000")
         wait_until(
             lambda: _heartbeats_since(cluster_b, killed_ms) > 0, what="a heartbeat after the kill"

@@ -18,13 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import TopicPartition
 
 from mm2py.dev.connect import ConnectWorker, mirror_connector_config
 from mm2py.dev.launcher import LocalCluster
-from mm2py.kafka import clients
 from tests.daemon_harness import RunningDaemon, mm2_properties, running_daemon
-from tests.kafka_helpers import create_topic, produce, wait_until
+from tests.kafka_helpers import commit_offsets, create_topic, produce, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -97,16 +95,6 @@ class Both:
         return connect[1], ours[1]
 
 
-def _commit(cluster: LocalCluster, group: str, offsets: dict[tuple[str, int], int]) -> None:
-    consumer = clients.consumer(cluster.client_properties(), {"group.id": group})
-    try:
-        consumer.commit(
-            offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
-        )
-    finally:
-        consumer.close()
-
-
 def _offsets(base: str, kind: str) -> list[Any]:
     code, body = _call(base, "GET", f"/connectors/{_q('A->B.' + kind)}/offsets")
     return list(body["offsets"]) if code == 200 else []
@@ -132,7 +120,7 @@ def test_connect_api_answers_as_a_connect_worker_running_mm2(
     create_topic(cluster_a, unique, partitions=2)
     produce(cluster_a, unique, [(i % 2, None, f"v{i}".encode()) for i in range(10)])
     group = f"{unique}-g"
-    _commit(cluster_a, group, {(unique, 0): 2, (unique, 1): 3})
+    commit_offsets(cluster_a, group, {(unique, 0): 2, (unique, 1): 3})
     a, b = cluster_a.bootstrap_servers, cluster_b.bootstrap_servers
     config = tmp_path / "mm2.properties"
     config.write_text(mm2_properties(cluster_a, cluster_b, unique, groups=group))

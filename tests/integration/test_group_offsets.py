@@ -13,23 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import TopicPartition
 
 from mm2py.dev.launcher import LocalCluster
-from mm2py.kafka import clients
 from mm2py.kafka.groups import CommittedOffset, read_committed
 from tests.conftest import Clusters
-from tests.kafka_helpers import create_topic
+from tests.kafka_helpers import commit_offsets, create_topic
 
 pytestmark = pytest.mark.integration
-
-
-def _commit(cluster: LocalCluster, group: str, offsets: list[TopicPartition]) -> None:
-    consumer = clients.consumer(cluster.client_properties(), {"group.id": group})
-    try:
-        consumer.commit(offsets=offsets, asynchronous=False)
-    finally:
-        consumer.close()
 
 
 def test_committed_offsets_with_their_metadata_only_where_a_group_committed(
@@ -37,10 +27,8 @@ def test_committed_offsets_with_their_metadata_only_where_a_group_committed(
 ) -> None:
     topic = f"{unique}-t"
     create_topic(cluster_a, topic, partitions=3)
-    _commit(
-        cluster_a, f"{unique}-g1", [TopicPartition(topic, 0, 5, "m0"), TopicPartition(topic, 2, 9)]
-    )
-    _commit(cluster_a, f"{unique}-g2", [TopicPartition(topic, 1, 4)])
+    commit_offsets(cluster_a, f"{unique}-g1", {(topic, 0): 5, (topic, 2): 9}, metadata="m0")
+    commit_offsets(cluster_a, f"{unique}-g2", {(topic, 1): 4})
     every = [(topic, p) for p in range(3)]
 
     read = read_committed(
@@ -56,7 +44,10 @@ def test_committed_offsets_with_their_metadata_only_where_a_group_committed(
     )
 
     assert read == {
-        f"{unique}-g1": {(topic, 0): CommittedOffset(5, "m0"), (topic, 2): CommittedOffset(9)},
+        f"{unique}-g1": {
+            (topic, 0): CommittedOffset(5, "m0"),
+            (topic, 2): CommittedOffset(9, "m0"),
+        },
         f"{unique}-g2": {(topic, 1): CommittedOffset(4)},
         f"{unique}-never": {},
         f"{unique}-nothing-asked": {},
@@ -98,7 +89,7 @@ def test_reading_offsets_survives_pauses_of_the_coordinator(
     create_topic(cluster_a, topic)
     groups = [f"{unique}-g{i}" for i in range(10)]
     for group in groups:
-        _commit(cluster_a, group, [TopicPartition(topic, 0, 7)])
+        commit_offsets(cluster_a, group, {(topic, 0): 7})
     flag = tmp_path / "stop"
     props = json.dumps(cluster_a.client_properties())
     reader = subprocess.Popen(
