@@ -8,14 +8,31 @@ is read `read_committed`.
 
 Records are handled in runs (`Run`): the records of one partition with consecutive
 source offsets in one batch. What is done per record is only what must be: reading
-its fields, the produce call, and on its delivery report one comparison, that its
-target offset is the one after the previous record's. Everything else happens once a
-run: finding the partition, the offset sync rule (the distance between source and
-target offsets can only change at a run's first record or where that comparison
-fails, a gap on the target), progress, and the statistics (`Histogram.observe_span`:
-the first and last record's values, the ones between spread evenly). A run's
-records are acknowledged in order (one partition, idempotent producer), so when its
-last one is, all are.
+its fields and the produce call. Only a run's first and last records ask for a
+delivery report: the reports of one partition come in order (idempotent producer),
+and when both are acknowledged with target offsets n - 1 apart for its n records, the
+target holds the whole run, contiguous: a record rejected or timed out between them
+leaves a gap, another writer's record adds one, and either shows as a mismatch.
+Everything else happens once a run: finding the partition, the offset sync rule (the
+distance between source and target offsets is learnt at a run's first record and is
+the same through a proven run), progress, and the statistics
+(`Histogram.observe_span`: the first and last record's values, the ones between spread
+evenly).
+
+A run that is not proven so (a mismatch, or an error reported for its first or last
+record other than a timeout) counts for nothing past its first record (if that one
+was acknowledged), and its partition is copied again from there with a report for
+every record (the caller's `careful` set, kept while the part runs): at-least-once
+in place, by seeking the consumer back (`_start_again`; the records of it still in
+flight are copies too many); exactly-once by aborting the transaction (`RunUnproven`)
+and starting the next loop from the last commit. There each report is compared with
+the offset after the previous one: a gap on the target writes an offset sync where
+the distance changes (another writer in the remote topic), and a rejected record is
+named, stopping its partition. The one case the two reports cannot tell: a record
+lost between them exactly as another writer's records land between them, as many of
+one as of the other. Until the copy again is acknowledged, the newest sync of the
+partition may be its first record's, whose next offset a reader takes as the next
+record's place (mm2py.compat.offsets), another writer's record being there.
 
 Records the source deleted before they were copied (retention, truncation,
 `delete_records`) make the consumer reset to the log start offset; the loop counts
@@ -147,6 +164,12 @@ class PartitionRejected(TransactionFailed):
     partition stopped; the message names the record."""
 
 
+class RunUnproven(RuntimeError):
+    """Exactly-once: a run's first and last delivery reports did not prove it copied
+    whole. The transaction is aborted, and the next loop copies its partition again from
+    the last commit, with a delivery report per record (the `careful` set)."""
+
+
 @dataclass(frozen=True)
 class NewPartition:
     """A source partition to start copying, and its remote topic."""
@@ -171,7 +194,11 @@ class PartitionState:
     committed: int = -1  # last offset the progress topic acknowledged
     syncs: SyncRule = field(default_factory=SyncRule)
     failure: str | None = None
-    failed_at: int = AFTER_RESET  # the first source offset the target rejected
+    # The first source offset not known to be copied: one the target rejected, or the
+    # first one after a run's first record when the run was not proven. Nothing from
+    # there counts as acknowledged.
+    failed_at: int = AFTER_RESET
+    careful: bool = False  # a delivery report for every record (see the module doc)
     acking: Run | None = None  # the run whose delivery reports come now
     gone: bool = False  # its source topic was deleted; unassigned until it exists again
     failed_size: int = 0
@@ -180,10 +207,12 @@ class PartitionState:
 class Run:
     """Records of one source partition with consecutive offsets, produced in one batch.
 
-    Its `on_delivery` is every record's delivery callback; reports come in the order
-    the records were produced. Target offsets are expected to follow each other: a
-    record at `expect` is counted with one comparison; anything else (the run's first
-    report, a gap on the target, an error) goes to the loop's `_delivery_slow`.
+    Reports come in the order the records were produced. `on_end` is the callback of
+    its first and last records (the others have none): the last is expected where the
+    first says the run ends; anything else goes to the loop's `_end_report`. A careful
+    partition's `on_delivery` is every record's: target offsets are expected to follow
+    each other, a record at `expect` is counted with one comparison; anything else (the
+    run's first report, a gap on the target, an error) goes to `_delivery_slow`.
     """
 
     __slots__ = (
@@ -219,6 +248,13 @@ class Run:
             return
         self.loop._delivery_slow(self, err, msg)
 
+    def on_end(self, err: KafkaError | None, msg: Any) -> None:
+        if err is None and msg.offset() == self.stop - 1:
+            self.expect = self.stop
+            self.loop._run_acknowledged(self)
+            return
+        self.loop._end_report(self, err, msg)
+
     def close(self, count: int) -> None:
         """No more records: `count` were produced."""
         self.count = count
@@ -250,13 +286,16 @@ class CopyLoop:
         transactions: Transactions | None = None,
         failed: dict[SourcePartition, str] | None = None,
         send_when_caught_up: bool = False,
+        careful: set[SourcePartition] | None = None,
     ) -> None:
         """`poll_timeout`: the longest wait for records when nothing is in flight
         (``consumer.poll.timeout.ms``). `transactions`: copy exactly-once. `failed`:
         partitions stopped by a rejected record, kept by the caller across loops
         (exactly-once); the loop adds those it stops and does not copy them.
         `send_when_caught_up`: after a batch short of BATCH_SIZE (all the source had),
-        send the records the producer holds for its linger.ms at once."""
+        send the records the producer holds for its linger.ms at once. `careful`:
+        partitions copied with a delivery report per record, kept by the caller across
+        loops; the loop adds those whose run it could not prove (see the module doc)."""
         self.flow_name = flow_name
         self.target_alias = target_alias
         self.consumer = consumer
@@ -283,6 +322,11 @@ class CopyLoop:
         self._starts: dict[SourcePartition, int] = {}  # where each partition was assigned
         self._txn = transactions
         self._failed = failed if failed is not None else {}
+        self._careful = careful if careful is not None else set()
+        # Exactly-once: why the loop must end, a run not proven (`RunUnproven`).
+        self._unproven: str | None = None
+        # At-least-once: partitions to copy again from their first offset not proven.
+        self._copy_again: dict[SourcePartition, PartitionState] = {}
         self._txn_open = False
         self._txn_due = 0.0  # when the open transaction commits (monotonic)
         self._rejected: str | None = None  # why the open transaction must abort
@@ -315,6 +359,7 @@ class CopyLoop:
                     p.remote_topic,
                     self.stats.partition(p.remote_topic, p.partition),
                 )
+                state.careful = (p.topic, p.partition) in self._careful
                 stored = self._stored.get((p.topic, p.partition))
                 if stored is not None:
                     state.acked = state.committed = state.submitted = stored
@@ -428,38 +473,91 @@ class CopyLoop:
             self._check_skipped(msgs)
         wall = time.time()
         self.stats.roll(wall)  # MM2's metric windows, when enabled: once a batch
+        for state, first, end in self._runs(msgs):
+            if state.failed_at != AFTER_RESET:
+                continue  # stopped, or an earlier run of it in this batch was not proven
+            if not self._copy_run(msgs, first, end, state, wall, give_up):
+                return False
+        if self._send_when_caught_up and 0 < len(msgs) < BATCH_SIZE:
+            # flush() makes the producer send what lingers now; it also serves delivery
+            # reports, as poll does, for up to SEND_WAIT.
+            self.producer.flush(SEND_WAIT)
+        else:
+            self.producer.poll(0)
+        if self._copy_again:
+            self._start_again()
+        if self._txn is not None and self._rejected is not None:
+            raise PartitionRejected(self._rejected)
+        if self._unproven is not None:
+            raise RunUnproven(self._unproven)
+        if self.restart_reason:
+            raise RuntimeError(self.restart_reason)
+        if self._txn is not None:
+            if self._txn.log.failure is not None:
+                raise TransactionFailed(self._txn.log.failure)
+            if self._txn_open and (
+                (self._txn.when_caught_up and len(msgs) < BATCH_SIZE)
+                or time.monotonic() >= self._txn_due
+            ):
+                self.commit_transaction()
+        return True
+
+    def _runs(self, msgs: Sequence[Any]) -> list[tuple[PartitionState, int, int]]:
+        """The runs of a batch: (partition, index of its first record, index after its
+        last). Consume errors are logged and split runs; records of a stopped partition
+        are left out (until its pause takes effect)."""
+        runs: list[tuple[PartitionState, int, int]] = []
         by_source = self.by_source
-        produce = self.producer.produce
-        run: Run | None = None
         state: PartitionState | None = None
-        on_delivery: Callable[[KafkaError | None, Any], None] = _no_run
-        topic, partition, remote = "", -1, ""
-        # The source offset that continues the current run: its records so far are
-        # nxt - run.first (a run's offsets are consecutive).
-        nxt = -1
-        size = ts = 0  # of the current run: key+value bytes, last timestamp
-        for msg in msgs:
+        topic, partition = "", -1
+        # The source offset that continues the current run (a run's offsets are
+        # consecutive; anything else is a gap: markers, aborted or deleted records).
+        nxt = first = -1
+        for i, msg in enumerate(msgs):
             if msg.error() is not None:
+                if state is not None:
+                    runs.append((state, first, i))
+                    state = None
+                nxt = -1
                 self._consume_error(msg)
                 continue
             offset = msg.offset()
             if offset != nxt or msg.partition() != partition or msg.topic() != topic:
-                # Another partition, or a gap in this one (markers, aborted or deleted
-                # records): the distance to the target may change here.
-                if run is not None:
-                    assert state is not None
-                    self._close_run(run, state, nxt - run.first, size, ts, wall)
-                    run = None
-                topic, partition = msg.topic(), msg.partition()
+                if state is not None:
+                    runs.append((state, first, i))
+                topic, partition, first = msg.topic(), msg.partition(), i
                 state = by_source[(topic, partition)]
                 if state.failure is not None:
-                    nxt = -1  # its records are dropped one by one until it is paused
-                    continue
-                remote = state.remote_topic
-                run = Run(self, state, offset, msg.timestamp()[1])
-                on_delivery = run.on_delivery
-                nxt = offset
-                size = 0
+                    state = None
+            nxt = offset + 1
+        if state is not None:
+            runs.append((state, first, len(msgs)))
+        return runs
+
+    def _copy_run(
+        self,
+        msgs: Sequence[Any],
+        first: int,
+        end: int,
+        state: PartitionState,
+        wall: float,
+        give_up: Callable[[], bool],
+    ) -> bool:
+        """Produce `msgs[first:end]`, one run of `state`'s partition. False when
+        `give_up()` said to stop while the target's queue was full."""
+        head = msgs[first]
+        run = Run(self, state, head.offset(), head.timestamp()[1])
+        count = end - first
+        if state.careful:
+            reports: list[Any] = [run.on_delivery] * count
+        elif count == 1:
+            reports = [run.on_end]
+        else:
+            reports = [run.on_end, *([None] * (count - 2)), run.on_end]
+        produce = self.producer.produce
+        remote, partition = state.remote_topic, state.partition
+        size = ts = 0  # key+value bytes, last timestamp
+        for msg, on_delivery in zip(msgs[first:end], reports, strict=True):
             key = msg.key()
             value = msg.value()
             ts = msg.timestamp()[1]
@@ -473,48 +571,38 @@ class CopyLoop:
                 try:
                     sent = produce_when_room(self.producer, args, {}, give_up)
                 except KafkaException as exc:
-                    assert run is not None and state is not None
-                    self._close_run(run, state, offset - run.first, size, ts, wall)
-                    run, nxt = None, -1
-                    self._refused(exc, state, offset, msg)
-                    continue
+                    self._cut_run(run, state, msg.offset(), size, ts, wall)
+                    self._refused(exc, state, msg.offset(), msg)
+                    return True
                 if not sent:
-                    if run is not None:
-                        assert state is not None
-                        self._close_run(run, state, offset - run.first, size, ts, wall)
+                    self._cut_run(run, state, msg.offset(), size, ts, wall)
                     return False
             except KafkaException as exc:
-                assert run is not None and state is not None
-                self._close_run(run, state, offset - run.first, size, ts, wall)
-                run, nxt = None, -1
-                self._refused(exc, state, offset, msg)
-                continue
-            nxt = offset + 1
+                self._cut_run(run, state, msg.offset(), size, ts, wall)
+                self._refused(exc, state, msg.offset(), msg)
+                return True
             size += len(msg)  # the value's length
             if key is not None:
                 size += len(key)
-        if run is not None:
-            assert state is not None
-            self._close_run(run, state, nxt - run.first, size, ts, wall)
-        if self._send_when_caught_up and 0 < len(msgs) < BATCH_SIZE:
-            # flush() makes the producer send what lingers now; it also serves delivery
-            # reports, as poll does, for up to SEND_WAIT.
-            self.producer.flush(SEND_WAIT)
-        else:
-            self.producer.poll(0)
-        if self.restart_reason:
-            raise RuntimeError(self.restart_reason)
-        if self._txn is not None:
-            if self._rejected is not None:
-                raise PartitionRejected(self._rejected)
-            if self._txn.log.failure is not None:
-                raise TransactionFailed(self._txn.log.failure)
-            if self._txn_open and (
-                (self._txn.when_caught_up and len(msgs) < BATCH_SIZE)
-                or time.monotonic() >= self._txn_due
-            ):
-                self.commit_transaction()
+        self._close_run(run, state, count, size, ts, wall)
         return True
+
+    def _cut_run(
+        self, run: Run, state: PartitionState, stop: int, size: int, ts: int, wall: float
+    ) -> None:
+        """`run` ends before source offset `stop`, which was not sent. Unless careful,
+        the last record sent asked for no report: nothing after the run's first record
+        can be proven copied (at-least-once copies it again after a restart; an open
+        transaction is aborted)."""
+        produced = stop - run.first
+        self._close_run(run, state, produced, size, ts, wall)
+        if produced > 1 and not state.careful:
+            state.failed_at = min(state.failed_at, run.first + 1)
+            if self._txn is not None and self._unproven is None:
+                self._unproven = (
+                    f"flow {self.flow_name}: {state.topic}-{state.partition} offsets "
+                    f"{run.first + 1}..{stop - 1} were sent without the report that proves them"
+                )
 
     def _refused(self, exc: KafkaException, state: PartitionState, offset: int, msg: Any) -> None:
         """The produce call refused a record: its partition stops, unless the producer
@@ -654,19 +742,7 @@ class CopyLoop:
                 run.errors += 1
             else:
                 run.base -= 1
-            if self._txn is not None and (self._rejected is not None or _producer_failed(err)):
-                # The transaction aborts: only the first failure says why.
-                if self.restart_reason is None and self._rejected is None:
-                    self.restart_reason = f"writing to {self.target_alias}: {err.str()}"
-                return
-            if err.code() in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
-                return  # dropped by an abort
-            if err.code() == KafkaError._MSG_TIMED_OUT:
-                # Nothing is lost: the part restarts from its last progress.
-                self.restart_reason = (
-                    f"copying {state.topic}-{state.partition} offset {upstream} to "
-                    f"{state.remote_topic} on {self.target_alias} failed: {err.str()}"
-                )
+            if self._ends_loop(state, upstream, err):
                 return
             if state.failure is None and run.expect >= 0:
                 # The records before it in this run were acknowledged.
@@ -683,6 +759,125 @@ class CopyLoop:
             run.stop = run.base + run.count
             if run.expect == run.stop:
                 self._run_acknowledged(run)
+
+    def _ends_loop(self, state: PartitionState, upstream: int, err: KafkaError) -> bool:
+        """A delivery error that is not the target refusing the record `upstream`: the
+        producer failed, the loop is aborting, or the record timed out (True)."""
+        if _producer_failed(err) or (self._txn is not None and self._rejected is not None):
+            # The loop ends (an open transaction aborts): only the first failure says why.
+            if self.restart_reason is None and self._rejected is None:
+                self.restart_reason = f"writing to {self.target_alias}: {err.str()}"
+            return True
+        if err.code() in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
+            return True  # dropped by an abort
+        if err.code() == KafkaError._MSG_TIMED_OUT:
+            # Nothing is lost: the part restarts from its last progress.
+            self.restart_reason = (
+                f"copying {state.topic}-{state.partition} offset {upstream} to "
+                f"{state.remote_topic} on {self.target_alias} failed: {err.str()}"
+            )
+            return True
+        return False
+
+    def _end_report(self, run: Run, err: KafkaError | None, msg: Any) -> None:
+        """A report of `run`'s first or last record (not careful) that does not end it:
+        the first (where the target offsets start), an error, or the last where the
+        first did not say."""
+        self._acked = True
+        if run.errors:
+            return  # its first record's report was an error, handled then
+        state = run.state
+        at_first = run.expect < 0
+        if err is not None:
+            if at_first:
+                run.errors = 1
+            upstream = run.first if at_first else run.first + run.count - 1
+            if not self._ends_loop(state, upstream, err):
+                self._unproven_run(
+                    state,
+                    run,
+                    run.first if at_first else run.first + 1,
+                    f"the target refused offset {upstream}: {err.str()}",
+                )
+            return
+        downstream = msg.offset()
+        if not at_first:
+            self._unproven_run(
+                state,
+                run,
+                run.first + 1,
+                f"its {run.count} records went to {state.remote_topic} offsets {run.base} "
+                f"to {downstream}, not one after another",
+            )
+            return
+        if (
+            state.failure is None
+            and run.first < state.failed_at
+            and state.syncs.on_copied(run.first, downstream)
+        ):
+            self._write_sync(state, run.first, downstream)
+        state.acking = run
+        run.base = downstream
+        run.expect = downstream + 1
+        if run.count != OPEN_RUN:
+            run.stop = run.base + run.count
+            if run.expect == run.stop:
+                self._run_acknowledged(run)
+
+    def _unproven_run(self, state: PartitionState, run: Run, offset: int, detail: str) -> None:
+        """Nothing of `state`'s partition from `offset` counts; it is copied again from
+        there with a report per record (exactly-once: the loop ends, the transaction is
+        aborted, and the next loop copies it from the last commit)."""
+        if offset >= state.failed_at:
+            return  # already: this run's first report, or an earlier run
+        if offset > run.first:  # its first record is proven
+            self._acknowledged(state, run.first, run.base, 1, run, time.time())
+        state.failed_at = offset
+        where = (state.topic, state.partition)
+        self._careful.add(where)
+        last = run.first + run.count - 1
+        if self._txn is None:
+            again = f"copying it again from offset {offset}"
+            self._copy_again[where] = state
+        else:
+            again = "the transaction is aborted; the next one copies it again"
+        reason = (
+            f"flow {self.flow_name}: copying {state.topic}-{state.partition} offsets "
+            f"{offset}..{last} to {self.target_alias} is not proven: {detail}; {again}, with "
+            "a delivery report per record"
+        )
+        log.warning("%s", reason, extra=partition_fields(*where))
+        if self._txn is not None and self._unproven is None:
+            self._unproven = reason
+
+    def _start_again(self) -> None:
+        """At-least-once: copy the partitions whose run was not proven again, from their
+        first offset not proven, with a report per record. Their new state continues the
+        old one's progress and syncs; their records still in flight count for nothing
+        (reported to the old state, past its `failed_at`)."""
+        tps = []
+        for where, old in self._copy_again.items():
+            if old.failure is not None or old.gone:
+                continue  # stopped, or let go (its state stays the one assigned)
+            state = PartitionState(
+                old.topic,
+                old.partition,
+                old.remote_topic,
+                old.stats,
+                read=old.failed_at - 1,
+                acked=old.acked,
+                acked_downstream=old.acked_downstream,
+                submitted=old.submitted,
+                committed=old.committed,
+                syncs=old.syncs,
+                careful=True,
+            )
+            self.by_source[where] = state
+            self._by_remote[(old.remote_topic, old.partition)] = state
+            tps.append(TopicPartition(old.topic, old.partition, old.failed_at))
+        self._copy_again.clear()
+        for tp in tps:
+            self.consumer.seek(tp)
 
     def _run_acknowledged(self, run: Run) -> None:
         """Every record of `run` was acknowledged, the last at `run.expect - 1`."""
@@ -812,6 +1007,8 @@ class CopyLoop:
         settle(self.producer, txn.log, timeout, where)  # every delivery report served
         if self._rejected is not None:
             raise PartitionRejected(self._rejected)
+        if self._unproven is not None:
+            raise RunUnproven(self._unproven)
         if self.restart_reason is not None:
             raise TransactionFailed(self.restart_reason)
         changed = {
@@ -891,12 +1088,14 @@ class CopyLoop:
             self.producer.flush(max(deadline - time.monotonic(), 0.1))
             self.commit_progress(wait_until=deadline)
         elif self._txn_open:
-            failed = self._rejected or self.restart_reason or self._txn.log.failure
+            failed = (
+                self._rejected or self._unproven or self.restart_reason or self._txn.log.failure
+            )
             try:
                 if failed is not None:
                     raise TransactionFailed(failed)
                 self.commit_transaction(max(deadline - time.monotonic(), 0.1))
-            except (TransactionFailed, KafkaException) as exc:
+            except (TransactionFailed, RunUnproven, KafkaException) as exc:
                 log.warning(
                     "flow %s: the open transaction is aborted (%s); its records are copied "
                     "again from the last commit",
@@ -915,10 +1114,6 @@ def _producer_failed(err: KafkaError) -> bool:
     """The producer as a whole cannot go on (a fatal error; fenced by another holder of
     its transactional id), as opposed to one record refused."""
     return bool(err.fatal() or err.code() in (KafkaError._FATAL, KafkaError._FENCED))
-
-
-def _no_run(err: KafkaError | None, msg: Any) -> None:
-    raise AssertionError("a record was produced outside a run")
 
 
 def describe_partitions(tps: Sequence[TopicPartition]) -> str:

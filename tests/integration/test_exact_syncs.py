@@ -7,6 +7,14 @@ aborted records on the source, must still give a sync where the distance changes
 The proof: every source offset translates, through the syncs mm2py wrote, to the
 very copy of that record on the target, and while copying goes on no translation
 ever points past a record not yet copied.
+
+Only a run's first and last records ask for a delivery report. With mm2py's batching
+a run goes in one produce request, so foreign records land between runs and its first
+report sees them. With tiny batches (`batch.size`) a run spans many requests and
+foreign records land inside it: its last report does not match, and the partition is
+copied again with a report per record. Until that copy is acknowledged, the record
+after the run's first translates to the offset after the first's copy, where a
+foreign record is, and records are copied twice (see `_check`'s `copied_again`).
 """
 
 from __future__ import annotations
@@ -72,12 +80,23 @@ def _foreign_writer(b: LocalCluster, remote: str, stop: threading.Event) -> int:
 
 
 def _check(
-    a: LocalCluster, b: LocalCluster, topic: str, remote: str, final: bool
+    a: LocalCluster,
+    b: LocalCluster,
+    topic: str,
+    remote: str,
+    final: bool,
+    copied_again: bool = False,
 ) -> tuple[int, int] | None:
     """Translate every committed source offset through the syncs read now; return
     (offsets checked, offsets exact). Never past an uncopied record; exact ones land
     on the copy itself. None when there are no syncs yet or, if `final`, unless every
-    offset was exact."""
+    offset was exact.
+
+    `copied_again`: records may be copied twice (at-least-once copying again after a
+    run not proven). The last copy seen may then be the first of two, and a
+    translation into the second copy's span is right before that copy lands: while
+    copying, only "never past the target's end" is checked; at the end, every offset
+    must translate exactly to its last copy (None until it does)."""
     store = read_offset_syncs(a.client_properties(), "A", SYNCS_TOPIC)
     if store is None:
         return None  # the source part has not started yet
@@ -96,9 +115,17 @@ def _check(
         checked += 1
         copy = copies.get((rec.partition, rec.value))
         where = f"{topic}-{rec.partition} offset {rec.offset} ({rec.value!r})"
-        if copy is None:
-            # Not copied yet: its copy lands after everything on the target now.
+        if copy is None or copied_again:
+            # Not copied yet (or maybe again): its copy lands after everything on the
+            # target now.
             assert translation.downstream <= ends.get(rec.partition, 0), where
+            if copy is None:
+                continue
+        if copied_again:
+            if translation.exact and translation.downstream == copy:
+                exact += 1
+            elif final:
+                return None  # the copy again is still under way
             continue
         assert translation.downstream <= copy, f"{where} translates past its copy at {copy}"
         if translation.exact:
@@ -109,17 +136,24 @@ def _check(
     return checked, exact
 
 
+@pytest.mark.parametrize("batch_size", [None, 64], ids=["batched", "tiny-batches"])
 def test_syncs_are_exact_with_a_foreign_writer_and_a_transactional_source(
-    cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
+    cluster_a: LocalCluster,
+    cluster_b: LocalCluster,
+    unique: str,
+    tmp_path: Path,
+    batch_size: int | None,
 ) -> None:
     remote = f"A.{unique}"
     create_topic(cluster_a, unique, partitions=PARTITIONS)
     create_topic(cluster_b, remote, partitions=PARTITIONS)  # the foreign writer's too
     config = tmp_path / "mm2.properties"
-    config.write_text(mm2_properties(cluster_a, cluster_b, unique))
+    extra = {"B.producer.batch.size": str(batch_size)} if batch_size else {}
+    copied_again = batch_size is not None
+    config.write_text(mm2_properties(cluster_a, cluster_b, unique, **extra))
     produced, stop = threading.Event(), threading.Event()
     foreign: list[int] = []
-    with running_daemon(config):
+    with running_daemon(config) as daemon:
         # Copying starts once the source part runs (it makes the syncs topic first).
         wait_until(
             lambda: read_offset_syncs(cluster_a.client_properties(), "A", SYNCS_TOPIC),
@@ -137,13 +171,13 @@ def test_syncs_are_exact_with_a_foreign_writer_and_a_transactional_source(
         try:
             snapshots = 0
             while not produced.is_set():
-                if _check(cluster_a, cluster_b, unique, remote, final=False):
+                if _check(cluster_a, cluster_b, unique, remote, False, copied_again):
                     snapshots += 1
                 time.sleep(0.5)
             # The foreign writer goes on until everything is copied: on a loaded machine
             # the copy can lag the source by more than the whole production.
             checked, exact = wait_until(
-                lambda: _check(cluster_a, cluster_b, unique, remote, final=True),
+                lambda: _check(cluster_a, cluster_b, unique, remote, True, copied_again),
                 timeout=60,
                 interval=1.0,
                 what="every source offset translating exactly to its copy",
@@ -153,6 +187,9 @@ def test_syncs_are_exact_with_a_foreign_writer_and_a_transactional_source(
             stop.set()
             for thread in writers:
                 thread.join(60)
+        log_text = daemon.log()
+    if batch_size:
+        assert f"copying {unique}-0 offsets" in log_text and "is not proven" in log_text
     committed = TRANSACTIONS * PER_TRANSACTION * 4 // 5
     assert checked == exact == committed
     assert foreign and foreign[0] > 100

@@ -42,7 +42,13 @@ from mm2py.replication.client_settings import (
     PRODUCER_REQUIRED,
     copy_settings,
 )
-from mm2py.replication.copy_loop import CopyLoop, OffsetResetLog, PartitionRejected, Transactions
+from mm2py.replication.copy_loop import (
+    CopyLoop,
+    OffsetResetLog,
+    PartitionRejected,
+    RunUnproven,
+    Transactions,
+)
 from mm2py.replication.exactly_once import transactional_id
 from mm2py.replication.offset_syncs import OffsetSyncWriter, ensure_offset_syncs_topic
 from mm2py.replication.progress import ProgressStore, SourcePartition
@@ -106,6 +112,9 @@ class SourcePart(FlowPart):
         metrics.replication.add(self.stats)
         self._loop: CopyLoop | None = None
         self._access_failure: str | None = None
+        # Partitions copied with a delivery report per record since a run of theirs was
+        # not proven (mm2py.replication.copy_loop), while this part lives.
+        self._careful: set[SourcePartition] = set()
 
     def failed_partitions(self) -> dict[str, str]:
         """Partitions stopped by a rejected record, with the reason (from any thread)."""
@@ -150,10 +159,12 @@ class SourcePart(FlowPart):
             try:
                 self._run(failed)
                 return
-            except PartitionRejected:
+            except (PartitionRejected, RunUnproven):
                 if self.stopping.is_set():
                     return
-                continue  # aborted; the loop logged the partition it stops
+                # The loop logged the partition it stops or copies again; an open
+                # transaction was aborted.
+                continue
 
     def _run(self, failed: dict[SourcePartition, str]) -> None:
         flow, rules = self.flow, self.rules
@@ -223,6 +234,7 @@ class SourcePart(FlowPart):
             poll_timeout=rules.settings.consumer_poll_timeout,
             transactions=txns,
             failed=failed,
+            careful=self._careful,
             # A configured linger is the user's trade of latency for batching: kept.
             send_when_caught_up=not any(key in target_props for key in LINGER_KEYS),
         )

@@ -27,6 +27,7 @@ from mm2py.replication.copy_loop import (
     CopyLoop,
     NewPartition,
     PartitionRejected,
+    RunUnproven,
     Transactions,
     describe_partitions,
 )
@@ -84,6 +85,7 @@ class FakeConsumer:
         self.queued: list[Record] = []
         self.assigned: list[TopicPartition] = []
         self.paused: list[tuple[str, int]] = []
+        self.seeks: list[tuple[str, int, int]] = []
 
     def consume(self, n: int, timeout: float) -> list[Record]:
         out, self.queued = self.queued[:n], self.queued[n:]
@@ -103,6 +105,13 @@ class FakeConsumer:
 
     def resume(self, tps: list[TopicPartition]) -> None:
         pass
+
+    def seek(self, tp: TopicPartition) -> None:
+        """Records of the partition fetched before are dropped, as librdkafka does."""
+        self.seeks.append((tp.topic, tp.partition, tp.offset))
+        self.queued = [
+            r for r in self.queued if (r.topic(), r.partition()) != (tp.topic, tp.partition)
+        ]
 
     def list_topics(self, topic: str, timeout: float) -> None:
         pass
@@ -186,7 +195,9 @@ class FakeProgress:
 
 
 def _loop(
-    stored: dict[tuple[str, int], int] | None = None, send_when_caught_up: bool = False
+    stored: dict[tuple[str, int], int] | None = None,
+    send_when_caught_up: bool = False,
+    careful: set[tuple[str, int]] | None = None,
 ) -> tuple[CopyLoop, FakeProducer]:
     consumer, producer = FakeConsumer(), FakeProducer()
     syncs = OffsetSyncWriter(FakeProducer(), "mm2-offset-syncs.B.internal")
@@ -200,6 +211,7 @@ def _loop(
         ReplicationStats("A", "B"),
         stored or {},
         send_when_caught_up=send_when_caught_up,
+        careful=careful,
     )
     return loop, producer
 
@@ -257,8 +269,8 @@ def test_a_gap_on_either_side_writes_a_sync_where_the_distance_changes() -> None
     assert _syncs(loop) == [("t", 0, 0, 0), ("t", 0, 5, 2), ("t", 0, 7, 7)]
 
 
-def test_a_foreign_record_inside_a_run_gets_a_sync_at_the_next_record() -> None:
-    loop, producer = _loop()
+def test_a_foreign_record_inside_a_careful_run_gets_a_sync_at_the_next_record() -> None:
+    loop, producer = _loop(careful={("t", 0)})
     loop.assign([NewPartition("t", 0, "A.t")], {})
     producer.foreign_before = {3: 2, 5: 1}  # two land before the 4th record, one before the 6th
     _queue(loop, *range(8))  # one run: consecutive source offsets
@@ -292,10 +304,10 @@ def test_runs_split_at_source_gaps_and_partitions_interleaved_in_a_batch() -> No
     assert loop.progress.written == {("t", 0): 8, ("t", 1): 1}  # type: ignore[attr-defined]
 
 
-def test_a_record_rejected_inside_a_run_is_named_and_progress_stops_before_it(
+def test_a_record_rejected_inside_a_careful_run_is_named_and_progress_stops_before_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    loop, producer = _loop()
+    loop, producer = _loop(careful={("t", 0)})
     loop.assign([NewPartition("t", 0, "A.t")], {})
     too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
     # The target rejects the batch holding source offsets 3..5, the largest being 4.
@@ -313,7 +325,7 @@ def test_a_record_rejected_inside_a_run_is_named_and_progress_stops_before_it(
 
 
 def test_progress_counts_only_acknowledged_records_and_resumes_after_stored_progress() -> None:
-    loop, producer = _loop(stored={("t", 0): 41})
+    loop, producer = _loop(stored={("t", 0): 41}, careful={("t", 0)})
     loop.assign([NewPartition("t", 0, "A.t")], {("t", 0): 0})
     assert loop.consumer.assigned[0].offset == 42  # after the stored progress
     _queue(loop, 42, 43, 44)
@@ -335,7 +347,7 @@ def test_progress_counts_only_acknowledged_records_and_resumes_after_stored_prog
 def test_a_rejected_record_stops_its_partition_naming_it_while_others_go_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    loop, producer = _loop()
+    loop, producer = _loop(careful={("big", 0)})
     failures: list[int] = []
     loop._on_partition_failed = lambda: failures.append(1)
     too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
@@ -352,6 +364,120 @@ def test_a_rejected_record_stops_its_partition_naming_it_while_others_go_on(
     assert ("big", 0) in loop.consumer.paused and failures == [1]
     loop.commit_progress()
     assert loop.progress.written == {("t", 0): 1}  # type: ignore[attr-defined]
+
+
+def test_only_a_runs_first_and_last_records_ask_for_a_report_unless_careful() -> None:
+    loop, producer = _loop(careful={("t", 1)})
+    loop.assign([NewPartition("t", p, "A.t") for p in range(3)], {})
+    _queue(loop, 0, 1, 2, 3)
+    _queue(loop, 0, 1, 2, partition=1)
+    _queue(loop, 5, partition=2)
+    producer.hold = True
+    loop.copy_batch(_never)
+    asks = [(r.partition(), callback is not None) for callback, r, _err in producer.pending]
+    assert asks == [(0, True), (0, False), (0, False), (0, True)] + [(1, True)] * 3 + [(2, True)]
+    producer.hold = False
+    producer.poll()
+    loop.commit_progress()
+    assert loop.progress.written == {("t", 0): 3, ("t", 1): 2, ("t", 2): 5}  # type: ignore[attr-defined]
+    assert [loop.stats.partition("A.t", p).records for p in range(3)] == [4, 3, 1]
+    assert sum(loop.stats.partition("A.t", 0).latency.counts) == 4
+    assert _syncs(loop) == [
+        ("t", 0, 0, 0),
+        ("t", 1, 0, 0),
+        ("t", 2, 5, 0),
+        ("t", 0, 3, 3),
+        ("t", 1, 2, 2),
+    ]
+
+
+def test_a_foreign_record_inside_a_run_shows_at_its_last_report_and_it_is_copied_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    careful: set[tuple[str, int]] = set()
+    loop, producer = _loop(careful=careful)
+    loop.assign([NewPartition("t", 0, "A.t"), NewPartition("t", 1, "A.t")], {})
+    producer.foreign_before = {3: 2}  # two land before partition 0's 4th record
+    _queue(loop, *range(8))
+    _queue(loop, 0, 1, partition=1)
+    producer.hold = True
+    loop.copy_batch(_never)
+    _queue(loop, 8, 9)  # sent before the reports come: copies too many, counted for nothing
+    loop.copy_batch(_never)
+    producer.hold = False
+    with caplog.at_level(logging.WARNING):
+        producer.poll()
+    assert careful == {("t", 0)}
+    assert (
+        "t-0 offsets 1..7 to B is not proven: its 8 records went to A.t offsets 0 to 9, "
+        "not one after another; copying it again from offset 1"
+    ) in caplog.text
+    loop.commit_progress()
+    # Only what is proven counts: partition 0's first record, all of partition 1.
+    assert loop.progress.written == {("t", 0): 0, ("t", 1): 1}  # type: ignore[attr-defined]
+    assert loop.stats.partition("A.t", 0).records == 1
+    assert loop.consumer.seeks == []  # type: ignore[attr-defined]
+    loop.copy_batch(_never)  # nothing new came: it starts partition 0 again at offset 1
+    assert loop.consumer.seeks == [("t", 0, 1)]  # type: ignore[attr-defined]
+    # The copy again lands after the 12 records now on A.t-0, a foreign one before its 3rd.
+    producer.foreign_before = {producer.calls + 2: 1}
+    _queue(loop, *range(1, 10))
+    assert loop.copy_batch(_never)
+    producer.poll()
+    loop.commit_progress()
+    assert loop.progress.written == {("t", 0): 9, ("t", 1): 1}  # type: ignore[attr-defined]
+    assert _syncs(loop) == [
+        ("t", 0, 0, 0),
+        ("t", 1, 0, 0),
+        ("t", 1, 1, 1),
+        ("t", 0, 1, 12),
+        ("t", 0, 3, 15),
+        ("t", 0, 9, 21),
+    ]
+    assert loop.stats.partition("A.t", 0).records == 10
+
+
+def test_a_record_rejected_between_a_runs_first_and_last_is_named_by_the_copy_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    records = [Record("t", 0, o, value=b"v44" if o == 4 else f"v{o}".encode()) for o in range(8)]
+    loop, producer = _loop()
+    loop.assign([NewPartition("t", 0, "A.t")], {})
+    producer.outcome = lambda r: too_large if r.value() in (b"v3", b"v44", b"v5") else None
+    loop.consumer.queued += records
+    with caplog.at_level(logging.WARNING):
+        loop.copy_batch(_never)
+    assert "offsets 1..7 to B is not proven: its 8 records went to A.t offsets 0 to 4" in (
+        caplog.text
+    )
+    assert loop.failed_partitions() == {}  # not known yet which record it was
+    loop.consumer.queued += records[1:]
+    with caplog.at_level(logging.ERROR):
+        loop.copy_batch(_never)
+        producer.poll()
+    assert loop.consumer.seeks == [("t", 0, 1)]  # type: ignore[attr-defined]
+    assert "rejected record t-0 offset 4 (3 bytes)" in loop.failed_partitions()["A.t-0"]
+    loop.commit_progress()
+    assert loop.progress.written == {("t", 0): 2}  # type: ignore[attr-defined]
+
+
+def test_a_runs_first_record_refused_makes_it_copied_again_from_that_record() -> None:
+    loop, producer = _loop()
+    loop.assign([NewPartition("t", 0, "A.t")], {})
+    producer.outcome = lambda r: (
+        KafkaError(KafkaError.MSG_SIZE_TOO_LARGE) if r.value() == b"big" else None
+    )
+    records = [Record("t", 0, 0, value=b"big"), Record("t", 0, 1)]
+    loop.consumer.queued += records
+    loop.copy_batch(_never)
+    loop.commit_progress()
+    assert loop.progress.written == {}  # type: ignore[attr-defined]
+    assert _syncs(loop) == [] and loop.failed_partitions() == {}
+    loop.consumer.queued += records
+    loop.copy_batch(_never)
+    assert loop.consumer.seeks == [("t", 0, 0)]  # type: ignore[attr-defined]
+    assert "rejected record t-0 offset 0" in loop.failed_partitions()["A.t-0"]
 
 
 def test_a_timed_out_delivery_ends_the_loop_for_a_restart_from_progress() -> None:
@@ -463,6 +589,7 @@ class FakeTransactionalProgress(FakeProgress):
 def _eos_loop(
     failed: dict[tuple[str, int], str] | None = None,
     when_caught_up: bool = False,
+    careful: set[tuple[str, int]] | None = None,
 ) -> tuple[CopyLoop, FakeTransactionalProducer]:
     consumer, producer = FakeConsumer(), FakeTransactionalProducer()
     syncs = OffsetSyncWriter(FakeProducer(), "mm2-offset-syncs.B.internal")
@@ -481,6 +608,7 @@ def _eos_loop(
             when_caught_up=when_caught_up,
         ),
         failed=failed,
+        careful=careful,
     )
     return loop, producer
 
@@ -526,9 +654,23 @@ def test_exactly_once_caught_up_commits_at_once_behind_waits_for_the_interval(
     assert loop.stats.partition("A.t", 0).records == 4
 
 
+def test_exactly_once_an_unproven_run_aborts_and_the_next_loop_is_careful() -> None:
+    careful: set[tuple[str, int]] = set()
+    loop, producer = _eos_loop(careful=careful)
+    loop.assign([NewPartition("t", 0, "A.t")], {})
+    producer.foreign_before = {2: 1}
+    _queue(loop, 0, 1, 2)
+    with pytest.raises(RunUnproven, match=r"t-0 offsets 1\.\.2"):
+        loop.copy_batch(_never)  # the reports come when the batch polls
+    loop.finish(time.monotonic() + 5)
+    assert producer.aborts == 1 and producer.commits == []
+    assert careful == {("t", 0)} and _syncs(loop) == []
+    assert loop.stats.partition("A.t", 0).records == 0
+
+
 def test_exactly_once_rejected_record_aborts_and_the_next_loop_leaves_its_partition_out() -> None:
     failed: dict[tuple[str, int], str] = {}
-    loop, producer = _eos_loop(failed)
+    loop, producer = _eos_loop(failed, careful={("t", 1)})
     loop.assign([NewPartition("t", 0, "A.t"), NewPartition("t", 1, "A.t")], {})
     producer.outcome = lambda r: (
         KafkaError(KafkaError.MSG_SIZE_TOO_LARGE) if r.partition() == 1 else None
