@@ -312,7 +312,6 @@ class CopyLoop:
         self._ack_seen_at: float | None = None
         self._acked = False  # a delivery report was served since `_ack_wait` last looked
         self.by_source: dict[SourcePartition, PartitionState] = {}
-        self._by_remote: dict[tuple[str, int], PartitionState] = {}
         # Set (from any thread) when the loop must end so that the part restarts.
         self.restart_reason: str | None = None
         self.paused = False
@@ -364,7 +363,6 @@ class CopyLoop:
                 if stored is not None:
                     state.acked = state.committed = state.submitted = stored
                 self.by_source[(p.topic, p.partition)] = state
-                self._by_remote[(p.remote_topic, p.partition)] = state
                 failure = self._failed.get((p.topic, p.partition))
                 if failure is not None:
                     state.failure = failure  # stopped by an earlier loop: not copied
@@ -857,8 +855,8 @@ class CopyLoop:
         (reported to the old state, past its `failed_at`)."""
         tps = []
         for where, old in self._copy_again.items():
-            if old.failure is not None or old.gone:
-                continue  # stopped, or let go (its state stays the one assigned)
+            if old.failure is not None:
+                continue  # stopped
             state = PartitionState(
                 old.topic,
                 old.partition,
@@ -871,10 +869,11 @@ class CopyLoop:
                 committed=old.committed,
                 syncs=old.syncs,
                 careful=True,
+                gone=old.gone,
             )
             self.by_source[where] = state
-            self._by_remote[(old.remote_topic, old.partition)] = state
-            tps.append(TopicPartition(old.topic, old.partition, old.failed_at))
+            if not state.gone:  # else `assign` starts it after its progress
+                tps.append(TopicPartition(old.topic, old.partition, old.failed_at))
         self._copy_again.clear()
         for tp in tps:
             self.consumer.seek(tp)
