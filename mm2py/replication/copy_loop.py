@@ -117,6 +117,9 @@ LEARN_TOPIC_TIMEOUT = 2.0
 # acknowledgements (librdkafka sends only if its sender wakes before this ends; else
 # the records go at the end of linger.ms).
 SEND_WAIT = 0.001
+# Stopping while the target's queue is full, the longest wait for room for one more
+# record, the last of a run, so that its report proves the run (`_end_run_at_stop`).
+ROOM_AT_STOP = 2.0
 # Longest wait for a transaction's records to be acknowledged and committed.
 COMMIT_TIMEOUT = 60.0
 # Show at most this many partitions in an INFO line; the whole list goes to DEBUG.
@@ -452,7 +455,8 @@ class CopyLoop:
         or ACK_POLL_TIMEOUT while records await acknowledgement).
 
         False when `give_up()` said to stop while the target's queue was full (the
-        record then waiting was not sent: progress, acknowledged records only, stays
+        records after the one then waiting are not sent; it is, as its run's last, if
+        room comes within ROOM_AT_STOP: progress, acknowledged records only, stays
         right). Raises RuntimeError when the part must restart.
         """
         if len(self.producer):
@@ -573,7 +577,13 @@ class CopyLoop:
                     self._refused(exc, state, msg.offset(), msg)
                     return True
                 if not sent:
-                    self._cut_run(run, state, msg.offset(), size, ts, wall)
+                    ending = not state.careful and msg.offset() > run.first
+                    if ending and self._end_run_at_stop(args, run.on_end):
+                        # This record ends the run: its report proves the run.
+                        size += len(msg) + (len(key) if key is not None else 0)
+                        self._close_run(run, state, msg.offset() - run.first + 1, size, ts, wall)
+                    else:
+                        self._cut_run(run, state, msg.offset(), size, ts, wall)
                     return False
             except KafkaException as exc:
                 self._cut_run(run, state, msg.offset(), size, ts, wall)
@@ -584,6 +594,16 @@ class CopyLoop:
                 size += len(key)
         self._close_run(run, state, count, size, ts, wall)
         return True
+
+    def _end_run_at_stop(self, args: tuple[Any, ...], on_end: Callable[..., None]) -> bool:
+        """The loop is stopping while the target's queue is full, in a run whose last
+        record sent asked for no report: send the record of `args` as the run's last,
+        with a report, if the queue has room within ROOM_AT_STOP (True). Else nothing
+        after the run's first record could be proven, and a restart would copy it
+        again."""
+        until = time.monotonic() + ROOM_AT_STOP
+        ending = (*args[:4], on_end, *args[5:])
+        return produce_when_room(self.producer, ending, {}, lambda: time.monotonic() > until)
 
     def _cut_run(
         self, run: Run, state: PartitionState, stop: int, size: int, ts: int, wall: float

@@ -137,6 +137,7 @@ class FakeProducer:
         self.foreign_before: dict[int, int] = {}
         self.calls = 0
         self.flushes = 0
+        self.full = 0  # the next this many produce calls find the queue full
 
     def produce(
         self,
@@ -150,6 +151,9 @@ class FakeProducer:
         headers: Any = None,
     ) -> None:
         """confluent_kafka's signature, positional arguments included."""
+        if self.full:
+            self.full -= 1
+            raise BufferError("Local: Queue full")
         self.skip(topic, partition, self.foreign_before.get(self.calls, 0))
         self.calls += 1
         offset = self.ends.get((topic, partition), 0)
@@ -478,6 +482,33 @@ def test_a_runs_first_record_refused_makes_it_copied_again_from_that_record() ->
     loop.copy_batch(_never)
     assert loop.consumer.seeks == [("t", 0, 0)]  # type: ignore[attr-defined]
     assert "rejected record t-0 offset 0" in loop.failed_partitions()["A.t-0"]
+
+
+@pytest.mark.parametrize("careful", [False, True])
+def test_stopping_with_the_queue_full_ends_the_run_with_a_report_so_progress_is_exact(
+    careful: bool,
+) -> None:
+    loop, producer = _loop(careful={("t", 0)} if careful else None)
+    loop.assign([NewPartition("t", 0, "A.t")], {})
+    _queue(loop, *range(6))
+    producer.hold = True
+    real_produce = producer.produce
+    filled: list[int] = []
+
+    def fill_at_the_fourth(*args: Any) -> None:
+        if producer.calls == 3 and not filled:
+            filled.append(1)
+            producer.full = 2  # the 4th record finds the queue full, and again after a wait
+        real_produce(*args)
+
+    producer.produce = fill_at_the_fourth  # type: ignore[method-assign]
+    assert not loop.copy_batch(lambda: True)  # stopping: it gives up waiting for room
+    asks = [callback is not None for callback, _r, _err in producer.pending]
+    # Unless careful, the 4th record is sent after all, as the run's last, with a report.
+    assert asks == ([True] * 3 if careful else [True, False, False, True])
+    producer.hold = False
+    loop.finish(time.monotonic() + 5)
+    assert loop.progress.written == {("t", 0): 2 if careful else 3}  # type: ignore[attr-defined]
 
 
 def test_a_timed_out_delivery_ends_the_loop_for_a_restart_from_progress() -> None:
