@@ -119,7 +119,7 @@ LEARN_TOPIC_TIMEOUT = 2.0
 SEND_WAIT = 0.001
 # Stopping while the target's queue is full, the longest wait for room for one more
 # record, the last of a run, so that its report proves the run (`_end_run_at_stop`).
-ROOM_AT_STOP = 2.0
+ROOM_AT_STOP = 1.0
 # Longest wait for a transaction's records to be acknowledged and committed.
 COMMIT_TIMEOUT = 60.0
 # Show at most this many partitions in an INFO line; the whole list goes to DEBUG.
