@@ -115,13 +115,13 @@ def _check(
         checked += 1
         copy = copies.get((rec.partition, rec.value))
         where = f"{topic}-{rec.partition} offset {rec.offset} ({rec.value!r})"
-        if copy is None or copied_again:
-            # Not copied yet (or maybe again): its copy lands after everything on the
-            # target now.
+        if copy is None:
+            # Not copied yet: its copy lands after everything on the target now.
             assert translation.downstream <= ends.get(rec.partition, 0), where
-            if copy is None:
-                continue
+            continue
         if copied_again:
+            # Maybe copied again later: never past everything on the target now.
+            assert translation.downstream <= ends.get(rec.partition, 0), where
             if translation.exact and translation.downstream == copy:
                 exact += 1
             elif final:
