@@ -1,24 +1,53 @@
 """Session-wide real Kafka clusters, started through `mm2py local`'s launcher.
 
 Clusters A, B and C are plain; D and E are secured (SASL_PLAINTEXT,
-SCRAM-SHA-512, StandardAuthorizer). A cluster starts the first time a test asks
-for it; clusters the session started are stopped at its end, pass or fail,
-while clusters that were already running (e.g. `make demo`) are left alone.
+SCRAM-SHA-512, StandardAuthorizer); G is plain with short KIP-848 group sessions
+(`SHORT_CONSUMER_SESSIONS`). All run Kafka's default broker settings otherwise. A
+cluster starts the first time a test asks for it; clusters the session started are
+stopped at its end, pass or fail,
+while clusters that were already running (e.g. `make demo`) are left alone. When a
+test failed, the stopped clusters' logs are kept (the path is printed at the end).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from mm2py.dev.launcher import LocalCluster, LocalKafka, default_state_dir
+from mm2py.dev.launcher import PORT_OFFSET_VARIABLE, LocalCluster, LocalKafka, default_state_dir
 
 SECURED = {"D", "E"}
+# Brokers as Kafka ships them, but for G: its KIP-848 groups have a 10 s session (Kafka's
+# default, and minimum, is 45 s). Only for the test of a dead node's failover under the
+# `consumer` protocol (test_cluster), which on default brokers waits out the 45 s.
+SHORT_CONSUMER_SESSIONS = {
+    "group.consumer.min.session.timeout.ms": "6000",
+    "group.consumer.session.timeout.ms": "10000",
+    "group.consumer.min.heartbeat.interval.ms": "1000",
+    "group.consumer.heartbeat.interval.ms": "2000",
+}
+TUNED = {"G": SHORT_CONSUMER_SESSIONS}
+
+
+# Under pytest-xdist (`make test` runs two workers), each worker has clusters of its own:
+# its ports moved up by WORKER_PORT_STEP per worker number, its own state folder.
+WORKER_PORT_STEP = 100
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...; unset without xdist
+    if not worker:
+        return
+    number = int(worker.removeprefix("gw"))
+    base = int(os.environ.get(PORT_OFFSET_VARIABLE, "0"))
+    os.environ[PORT_OFFSET_VARIABLE] = str(base + number * WORKER_PORT_STEP)
+    os.environ["MM2PY_TEST_CLUSTERS"] = f"{clusters_state_dir()}-{worker}"
 
 
 class Clusters:
@@ -32,7 +61,8 @@ class Clusters:
         if not self.kafka.is_running(alias):
             self.started.append(alias)
         secure = [alias] if alias in SECURED else []
-        return self.kafka.up([alias], secure=secure)[0]
+        tuned = {alias: TUNED[alias]} if alias in TUNED else None
+        return self.kafka.up([alias], secure=secure, broker_settings=tuned)[0]
 
     def restart(self, alias: str) -> None:
         """Stop and start one broker on its data (a brief outage)."""
@@ -45,13 +75,30 @@ def clusters_state_dir() -> Path:
     return Path(os.environ.get("MM2PY_TEST_CLUSTERS", default_state_dir()))
 
 
+def kept_logs_dir() -> Path:
+    """Where a failed session keeps its brokers' logs."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return clusters_state_dir().parent / "kept-broker-logs" / f"{stamp}-{os.getpid()}"
+
+
+KEPT: list[Path] = []
+
+
 @pytest.fixture(scope="session")
-def clusters() -> Iterator[Clusters]:
+def clusters(request: pytest.FixtureRequest) -> Iterator[Clusters]:
     handle = Clusters(LocalKafka(clusters_state_dir()))
     try:
         yield handle
     finally:
-        handle.kafka.down(handle.started)
+        keep = kept_logs_dir() if request.session.testsfailed else None
+        handle.kafka.down(handle.started, keep_logs_in=keep)
+        if keep is not None and keep.exists():
+            KEPT.append(keep)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for path in KEPT:
+        terminalreporter.write_line(f"the brokers' logs of this failed run are kept in {path}")
 
 
 @pytest.fixture

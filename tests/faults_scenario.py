@@ -13,7 +13,8 @@ and at moments drawn from a seeded random generator (`plan`):
 - one kill -9 of B's broker, restarted on its data;
 - one SIGSTOP of A's broker for 20 s, then SIGCONT;
 - one zombie: a node running tasks is stopped with SIGSTOP (it and its task processes,
-  as a paused machine) until its group session (10 s on the local brokers) has expired
+  as a paused machine) until its group session (10 s: classic, which `auto` takes on
+  default brokers) has expired
   and the other nodes run its tasks, then SIGCONT: it wakes up believing it owns them.
 
 Faults come 2-8 s apart; producing goes on for TAIL_S after the last one.
@@ -48,6 +49,7 @@ from typing import Any, Literal
 
 from confluent_kafka import KafkaException, TopicPartition
 
+from mm2py.cluster.assignment import CLASSIC_SESSION_TIMEOUT_MS
 from mm2py.dev.launcher import LocalCluster, LocalKafka
 from mm2py.kafka import clients
 from tests.daemon_harness import RunningDaemon, mm2_properties, running_daemon
@@ -62,8 +64,9 @@ NODES = 3
 NODE_KILLS = 10
 RATE = 400.0  # records/s over all partitions
 SEED = 20261123
-# The local brokers' group.consumer.session.timeout.ms (mm2py.dev.launcher).
-SESSION_S = 10.0
+# A node's group session: on default Kafka 4 brokers `auto` takes the classic protocol
+# with mm2py's session (mm2py.cluster.assignment).
+SESSION_S = CLASSIC_SESSION_TIMEOUT_MS / 1000
 SOURCE_STOP_S = 20.0
 # Starting three nodes on the busy 2-core machine: interpreters, imports, the group,
 # a task process each.

@@ -11,6 +11,17 @@ its progress recorded) before the task is handed to another node, so a planned m
 loses and repeats nothing; a node that dies loses its tasks when its group session
 expires, and they resume elsewhere from the last recorded progress.
 
+Failover time is the group session, so ``cluster.group.protocol = auto`` chooses the
+protocol by it (`choose_protocol`). Under `consumer` the broker alone sets the session
+(``group.consumer.session.timeout.ms``: 45 s in Kafka 4.x, and 45 s is also its
+minimum, so a managed or default broker gives 45 s and a client cannot ask for less).
+Under `classic` the client sets it, down to the broker's
+``group.min.session.timeout.ms`` (6 s by default). So `auto` takes `consumer` only
+where the brokers offer it with a session no longer than CLASSIC_SESSION_TIMEOUT_MS,
+and otherwise `classic` with cooperative-sticky and that session: on default Kafka 4
+brokers a dead node's tasks move after 10 s rather than 45 s. Either way the group
+coordinator alone decides that a member is gone.
+
 Tasks: a source partition belongs to task `task_of(topic, partition, tasks)`, a pure
 function of the partition and the task count. The partitions of one topic go round
 the tasks from a starting task that depends on the topic's name only, so a topic's
@@ -36,6 +47,22 @@ GroupProtocol = Literal["consumer", "classic"]
 
 # Broker setting that lists the group protocols a Kafka 4.x broker serves.
 REBALANCE_PROTOCOLS_CONFIG = "group.coordinator.rebalance.protocols"
+# Broker setting: the session of a `consumer` protocol member (Kafka 4.x: 45 s).
+CONSUMER_SESSION_CONFIG = "group.consumer.session.timeout.ms"
+# The classic protocol's session, set by the client: a node that stops answering loses
+# its tasks after this, and they move (Kafka Connect's default too). At least the
+# brokers' group.min.session.timeout.ms (6 s by default); heartbeats every third of it.
+CLASSIC_SESSION_TIMEOUT_MS = 10000
+CLASSIC_HEARTBEAT_INTERVAL_MS = 3000
+
+
+@dataclass(frozen=True)
+class BrokerGroupSettings:
+    """What the target's brokers say of their groups; None where it could not be read
+    (an older broker, or no right to describe its configs)."""
+
+    protocols: str | None  # group.coordinator.rebalance.protocols, e.g. "classic,consumer"
+    consumer_session_ms: int | None  # group.consumer.session.timeout.ms
 
 
 def task_of(topic: str, partition: int, tasks: int) -> int:
@@ -64,16 +91,20 @@ def task_counts(topics: Iterable[str], source: str) -> set[int]:
     return {int(m[1]) for t in topics if (m := pattern.fullmatch(t))}
 
 
-def choose_protocol(wanted: str, broker_protocols: str | None) -> GroupProtocol:
+def choose_protocol(wanted: str, brokers: BrokerGroupSettings) -> GroupProtocol:
     """The group protocol for ``cluster.group.protocol = wanted`` (auto, consumer or
-    classic), given the brokers' `group.coordinator.rebalance.protocols` (None when it
-    could not be read: an older broker, or no right to describe its configs)."""
+    classic): `auto` takes `consumer` where the brokers offer it with a session no
+    longer than the classic one mm2py sets, else `classic` (see the module's docstring)."""
     if wanted == "consumer":
         return "consumer"
     if wanted == "classic":
         return "classic"
-    offered = {p.strip() for p in (broker_protocols or "").split(",")}
-    return "consumer" if "consumer" in offered else "classic"
+    offered = {p.strip() for p in (brokers.protocols or "").split(",")}
+    short = (
+        brokers.consumer_session_ms is not None
+        and brokers.consumer_session_ms <= CLASSIC_SESSION_TIMEOUT_MS
+    )
+    return "consumer" if "consumer" in offered and short else "classic"
 
 
 @dataclass(frozen=True)

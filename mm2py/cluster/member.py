@@ -28,7 +28,11 @@ from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.admin._resource import ResourceType
 
 from mm2py.cluster.assignment import (
+    CLASSIC_HEARTBEAT_INTERVAL_MS,
+    CLASSIC_SESSION_TIMEOUT_MS,
+    CONSUMER_SESSION_CONFIG,
     REBALANCE_PROTOCOLS_CONFIG,
+    BrokerGroupSettings,
     GroupProtocol,
     choose_protocol,
     group_id,
@@ -44,10 +48,6 @@ log = logging.getLogger(__name__)
 
 POLL_TIMEOUT = 0.2
 JOIN_CHECK_INTERVAL = 2.0
-# Classic protocol only (under `consumer` the broker's group.consumer.* settings rule):
-# a node that stops answering loses its tasks after this, and they move.
-CLASSIC_SESSION_TIMEOUT_MS = 10000
-CLASSIC_HEARTBEAT_INTERVAL_MS = 2000
 # Keys the `consumer` protocol refuses on the client (the broker decides them).
 _CLASSIC_ONLY_KEYS = (
     "session.timeout.ms",
@@ -150,7 +150,7 @@ class MemberPart(Part):
         )
         await_partitions(admin, self.flow.target, self.topic, self.tasks, settings.admin_timeout)
         self.protocol = choose_protocol(
-            settings.cluster_group_protocol, broker_protocols(admin, settings.admin_timeout)
+            settings.cluster_group_protocol, broker_group_settings(admin, settings.admin_timeout)
         )
         consumer = clients.consumer(self._consumer_props(), self._group_settings(self.protocol))
         log.info(
@@ -244,8 +244,9 @@ class MemberPart(Part):
             self.rebalances += 1
 
 
-def broker_protocols(admin: AdminClient, timeout: float) -> str | None:
-    """The group protocols the target's brokers serve, or None if it cannot be told."""
+def broker_group_settings(admin: AdminClient, timeout: float) -> BrokerGroupSettings:
+    """The group protocols the target's brokers serve and their `consumer` session, each
+    None if it cannot be told."""
     try:
         broker_id = min(clients.cluster_metadata(admin, timeout).brokers)
         broker = ConfigResource(ResourceType.BROKER, str(broker_id))
@@ -253,10 +254,14 @@ def broker_protocols(admin: AdminClient, timeout: float) -> str | None:
             admin.describe_configs([broker], request_timeout=timeout)[broker], timeout
         )
     except (KafkaException, ValueError) as exc:  # ValueError: no broker listed
-        log.info("cannot read the brokers' group protocols (%s); using classic", exc)
-        return None
-    entry = configs.get(REBALANCE_PROTOCOLS_CONFIG)
-    return None if entry is None else str(entry.value)
+        log.info("cannot read the brokers' group settings (%s); using classic", exc)
+        return BrokerGroupSettings(None, None)
+    protocols = configs.get(REBALANCE_PROTOCOLS_CONFIG)
+    session = configs.get(CONSUMER_SESSION_CONFIG)
+    return BrokerGroupSettings(
+        None if protocols is None else str(protocols.value),
+        None if session is None or session.value is None else int(session.value),
+    )
 
 
 def _ids(ids: set[int]) -> str:

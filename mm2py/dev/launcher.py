@@ -33,7 +33,15 @@ log = logging.getLogger(__name__)
 
 # Fixed ports so configs/ and the README can name them.
 # F is above Linux's ephemeral range (32768-60999), so no client socket takes its port.
-BROKER_PORTS = {"A": 19092, "B": 29092, "C": 39092, "D": 49092, "E": 59092, "F": 61092}
+BROKER_PORTS = {
+    "A": 19092,
+    "B": 29092,
+    "C": 39092,
+    "D": 49092,
+    "E": 59092,
+    "F": 61092,
+    "G": 62092,
+}
 # Shifts every port above, so that two sets of local clusters (say, two engineers'
 # test runs on one machine) can run side by side, each with its own MM2PY_LOCAL_DIR.
 PORT_OFFSET_VARIABLE = "MM2PY_LOCAL_PORT_OFFSET"
@@ -84,6 +92,8 @@ class LocalCluster:
     home: Path
     users: dict[str, str] = field(default_factory=dict, repr=False)
     tls: TlsFiles | None = None
+    # Broker settings beyond Kafka's defaults that one test needs (and names, with why).
+    broker_settings: dict[str, str] = field(default_factory=dict)
 
     @property
     def security_protocol(self) -> str:
@@ -134,6 +144,14 @@ def server_properties(cluster: LocalCluster) -> str:
         f"inter.broker.listener.name={listener}",
         f"listener.security.protocol.map={listener}:{listener},CONTROLLER:PLAINTEXT",
         f"log.dirs={cluster.home / 'data'}",
+        # Group, session and log settings are Kafka's defaults: what tests and the demo
+        # show is what users of plain brokers get (a KIP-848 group's session is 45 s).
+        # What differs, and why: one node holds every replica (replication factors 1);
+        # the internal topics have 10 partitions, not 50, so a broker starts sooner;
+        # a new group's first join does not wait 3 s (as Kafka's own shipped
+        # config/server.properties sets it, "for development and testing"); and a topic
+        # nobody created is an error rather than made with one partition, so a test
+        # sees a component that relies on auto-creation fail.
         "num.partitions=1",
         "offsets.topic.replication.factor=1",
         "offsets.topic.num.partitions=10",
@@ -143,15 +161,7 @@ def server_properties(cluster: LocalCluster) -> str:
         "share.coordinator.state.topic.replication.factor=1",
         "share.coordinator.state.topic.min.isr=1",
         "group.initial.rebalance.delay.ms=0",
-        # KIP-848 groups (mm2py clusters' default protocol) lose a dead member after
-        # the broker's session timeout; Kafka's 45 s default would make every failover
-        # in the tests and the demo take that long.
-        "group.consumer.min.session.timeout.ms=6000",
-        "group.consumer.session.timeout.ms=10000",
-        "group.consumer.min.heartbeat.interval.ms=1000",
-        "group.consumer.heartbeat.interval.ms=2000",
         "auto.create.topics.enable=false",
-        "log.flush.interval.messages=9223372036854775807",
     ]
     if cluster.secure:
         admin_password = cluster.users["admin"]
@@ -176,6 +186,7 @@ def server_properties(cluster: LocalCluster) -> str:
             f"ssl.truststore.location={cluster.tls.ca}",
             "ssl.client.auth=none",
         ]
+    lines += [f"{key}={value}" for key, value in sorted(cluster.broker_settings.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -204,6 +215,7 @@ class LocalKafka:
             home=self._home(alias),
             users=dict(data.get("users", {})),
             tls=TlsFiles(Path(tls["keystore"]), Path(tls["ca"])) if tls else None,
+            broker_settings=dict(data.get("broker_settings", {})),
         )
 
     def known(self) -> list[LocalCluster]:
@@ -239,15 +251,21 @@ class LocalKafka:
         secure: Iterable[str] = (),
         timeout: float = 90.0,
         tls: Mapping[str, TlsFiles] | None = None,
+        broker_settings: Mapping[str, Mapping[str, str]] | None = None,
     ) -> list[LocalCluster]:
         """Start the clusters that do not run yet and wait until all answer.
 
         Clusters in `secure` get SCRAM users and ACLs; those in `tls` as well, and
-        their listener is SASL_SSL with the given PEM files.
+        their listener is SASL_SSL with the given PEM files. `broker_settings` adds
+        broker properties to a cluster's server.properties.
         """
         aliases = list(aliases)
+        # Before the first client connects: a client socket that took a listener port
+        # (C's and up lie in Linux's ephemeral range) makes a later broker's bind fail.
+        _reserve_ports(*all_ports())
         tls = dict(tls or {})
         secure_set = set(secure) | set(tls)
+        settings = {alias: dict(values) for alias, values in (broker_settings or {}).items()}
         started: dict[str, subprocess.Popen[bytes]] = {}
         for alias in aliases:
             if alias not in BROKER_PORTS:
@@ -256,6 +274,11 @@ class LocalKafka:
                 )
             if self.is_running(alias):
                 recorded = self.cluster(alias)
+                if recorded.broker_settings != settings.get(alias, {}):
+                    raise LocalClusterError(
+                        f"cluster {alias} already runs with other broker settings "
+                        f"({recorded.broker_settings or 'none'}); run `mm2py local down` first"
+                    )
                 if recorded.secure != (alias in secure_set) or recorded.tls != tls.get(alias):
                     want = (
                         "with these TLS files"
@@ -268,26 +291,35 @@ class LocalKafka:
                         f"cluster {alias} already runs but not {want}; run `mm2py local down` first"
                     )
                 continue
-            started[alias] = self._launch(alias, alias in secure_set, tls.get(alias))
+            started[alias] = self._launch(
+                alias, alias in secure_set, tls.get(alias), settings.get(alias, {})
+            )
         deadline = time.monotonic() + timeout
         clusters = [self.cluster(a) for a in aliases]
         for cluster in clusters:
             self._wait_ready(cluster, deadline, started.get(cluster.alias))
         return clusters
 
-    def _launch(self, alias: str, secure: bool, tls: TlsFiles | None) -> subprocess.Popen[bytes]:
+    def _launch(
+        self, alias: str, secure: bool, tls: TlsFiles | None, broker_settings: dict[str, str]
+    ) -> subprocess.Popen[bytes]:
         home = self._home(alias)
         shutil.rmtree(home, ignore_errors=True)
         (home / "logs").mkdir(parents=True)
         users = {u: secrets.token_urlsafe(12) for u in SCRAM_USERS} if secure else {}
-        cluster = LocalCluster(alias, broker_port(alias), secure, home, users, tls)
+        cluster = LocalCluster(alias, broker_port(alias), secure, home, users, tls, broker_settings)
         for port in (cluster.port, cluster.controller_port):
             if _port_open(port):
                 raise LocalClusterError(
                     f"port {port} for cluster {alias} is taken by another process; "
                     "stop it or use `mm2py local down`"
                 )
-        meta: dict[str, object] = {"port": cluster.port, "secure": secure, "users": users}
+        meta: dict[str, object] = {
+            "port": cluster.port,
+            "secure": secure,
+            "users": users,
+            "broker_settings": broker_settings,
+        }
         if tls is not None:
             meta["tls"] = tls.as_json()
         meta_file = home / "cluster.json"
@@ -300,9 +332,10 @@ class LocalKafka:
         return self._spawn(cluster)
 
     def _spawn(self, cluster: LocalCluster) -> subprocess.Popen[bytes]:
-        _reserve_ports(cluster.port, cluster.controller_port)
         logs = cluster.home / "logs"
-        cmd = java_command("kafka.Kafka", str(cluster.home / "server.properties"), logs_dir=logs)
+        cmd = java_command(
+            "kafka.Kafka", str(cluster.home / "server.properties"), logs_dir=logs, gc_log=True
+        )
         with open(logs / "stdout.log", "ab") as out:
             proc = subprocess.Popen(
                 cmd,
@@ -342,15 +375,15 @@ class LocalKafka:
             exited = proc.poll() is not None if proc else not self.is_running(cluster.alias)
             if exited:
                 raise LocalClusterError(
-                    f"broker of cluster {cluster.alias} exited during start; "
-                    f"see {cluster.log_file} and {cluster.home / 'logs' / 'stdout.log'}"
+                    f"broker of cluster {cluster.alias} exited during start; its folder "
+                    f"{cluster.home} is kept. The end of its log:\n{log_tail(cluster)}"
                 )
             if _port_open(cluster.port) and describe_cluster(cluster.client_properties()):
                 return
             if time.monotonic() > deadline:
                 raise LocalClusterError(
-                    f"cluster {cluster.alias} did not answer describe-cluster in time; "
-                    f"see {cluster.log_file}"
+                    f"cluster {cluster.alias} did not answer describe-cluster in time; its "
+                    f"folder {cluster.home} is kept. The end of its log:\n{log_tail(cluster)}"
                 )
             time.sleep(0.2)
 
@@ -376,13 +409,51 @@ class LocalKafka:
         self._wait_ready(cluster, time.monotonic() + timeout, proc)
         return cluster
 
-    def down(self, aliases: Iterable[str] | None = None) -> list[str]:
-        """Stop the given (default: all recorded) clusters and delete their data."""
+    def down(
+        self, aliases: Iterable[str] | None = None, keep_logs_in: Path | None = None
+    ) -> list[str]:
+        """Stop the given (default: all recorded) clusters and delete their data.
+
+        With `keep_logs_in`, each cluster's logs folder is moved there first, as
+        `<keep_logs_in>/<alias>/` (a failed test run keeps what its brokers said)."""
         names = list(aliases) if aliases is not None else [c.alias for c in self.known()]
         for alias in names:
             self.stop(alias)
+            logs = self._home(alias) / "logs"
+            if keep_logs_in is not None and logs.is_dir():
+                kept = keep_logs_in / alias
+                shutil.rmtree(kept, ignore_errors=True)
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(logs, kept)
             shutil.rmtree(self._home(alias), ignore_errors=True)
         return names
+
+
+LOG_TAIL_LINES = 20
+
+
+def log_tail(cluster: LocalCluster, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of the broker's log, or of its stdout (where the JVM
+    reports what fails before logging starts) when the log says nothing; and the log's
+    first ERROR line when the tail does not hold it (a broker that fails to start logs
+    its shutdown after the cause)."""
+    for path in (cluster.log_file, cluster.home / "logs" / "stdout.log"):
+        try:
+            text = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        if not text:
+            continue
+        tail = text[-lines:]
+        first_error = next((line for line in text if "] ERROR " in line), None)
+        cause = [] if first_error is None or first_error in tail else [first_error, "..."]
+        return "\n".join([f"({path})", *cause, *tail])
+    return f"(neither {cluster.log_file} nor stdout.log holds anything)"
+
+
+def all_ports() -> list[int]:
+    """Every local cluster's broker and controller ports (with the port offset)."""
+    return [p for alias in BROKER_PORTS for p in (broker_port(alias), broker_port(alias) + 1)]
 
 
 def _cluster_id() -> str:
@@ -411,11 +482,20 @@ def _reserve_ports(*ports: int) -> None:
     """
     try:
         current = RESERVED_PORTS.read_text().strip()
-        wanted = [str(p) for p in ports if str(p) not in current.split(",")]
+        wanted = [str(p) for p in ports if not _listed(p, current)]
         if wanted:
             RESERVED_PORTS.write_text(",".join(filter(None, [current, *wanted])))
     except OSError:
         log.debug("cannot reserve ports %s; continuing without", ports)
+
+
+def _listed(port: int, ranges: str) -> bool:
+    """Whether the kernel's list of ports ("19092-19093,29092") holds `port` (pure)."""
+    for item in filter(None, ranges.split(",")):
+        low, _, high = item.partition("-")
+        if int(low) <= port <= int(high or low):
+            return True
+    return False
 
 
 def _port_open(port: int) -> bool:

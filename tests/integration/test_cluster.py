@@ -29,7 +29,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -51,6 +51,7 @@ from mm2py.compat.formats import (
 from mm2py.dev.launcher import LocalCluster
 from mm2py.dev.mirrormaker import RealMirrorMaker
 from mm2py.kafka import clients
+from tests.conftest import Clusters
 from tests.daemon_harness import RunningDaemon, mm2_properties, running_daemon
 from tests.integration.test_mm2_handover import (
     HALF,
@@ -84,9 +85,10 @@ _MOVE_LINE = re.compile(
     r"flow \S+: tasks (?P<tasks>[\d, ]+) (?P<what>assigned|move|lost)",
     re.MULTILINE,
 )
-# The group protocols a cluster can use: `auto` is KIP-848's `consumer` on these brokers
-# (Kafka 4.x); `classic` with cooperative-sticky is what older brokers get.
-PROTOCOLS = ("auto", "classic")
+# The group protocols a cluster can use: `auto` is `classic` with cooperative-sticky and a
+# 10 s session on brokers with Kafka 4's defaults (whose KIP-848 sessions last 45 s);
+# `consumer` is KIP-848's.
+PROTOCOLS = ("auto", "consumer")
 
 
 def protocol_key(protocol: str) -> dict[str, str]:
@@ -423,10 +425,20 @@ def _progress(b: LocalCluster, topic: str) -> dict[int, int]:
 # -- tests ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize(("protocol", "chosen"), [("auto", "classic"), ("consumer", "consumer")])
 def test_a_dead_nodes_tasks_resume_elsewhere_within_15_s_losing_nothing(
-    cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path, protocol: str
+    clusters: Clusters,
+    cluster_a: LocalCluster,
+    unique: str,
+    tmp_path: Path,
+    protocol: str,
+    chosen: str,
 ) -> None:
+    # `auto` on B, whose brokers have Kafka's defaults, must choose classic. Under
+    # `consumer` the brokers set the session: 45 s on default brokers, so that case
+    # replicates to G, whose brokers give 10 s (conftest.SHORT_CONSUMER_SESSIONS), named
+    # "B" in the config.
+    cluster_b = clusters["B"] if protocol == "auto" else replace(clusters["G"], alias="B")
     partitions, tasks = 12, 6
     remote = f"A.{unique}"
     create_topic(cluster_a, unique, partitions)
@@ -438,6 +450,7 @@ def test_a_dead_nodes_tasks_resume_elsewhere_within_15_s_losing_nothing(
     ):
         nodes = [cluster.start() for _ in range(3)]
         running = _wait_tasks(nodes, tasks, partitions=partitions)
+        assert all(f", {chosen} protocol, " in node.log() for node in nodes)
         # Each task copies the partitions assignment.task_of gives it, and says so.
         for task, (_node, part) in running.items():
             mine = [p for p in range(partitions) if task_of(unique, p, tasks) == task]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import socket
+import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaException
@@ -16,7 +19,14 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from mm2py.dev.launcher import LocalCluster, broker_port
+from mm2py.dev.launcher import (
+    LOG_TAIL_LINES,
+    PORT_OFFSET_VARIABLE,
+    LocalCluster,
+    LocalClusterError,
+    LocalKafka,
+    broker_port,
+)
 from mm2py.kafka import clients
 from tests.kafka_helpers import RECENT_MS, create_topic, produce, read_all, wait_until
 
@@ -112,3 +122,32 @@ def test_cli_status_lists_running_clusters(
     )
     assert f"A  127.0.0.1:{broker_port('A')}  running" in done.stdout
     assert f"B  127.0.0.1:{broker_port('B')}  running" in done.stdout
+
+
+def test_a_broker_that_cannot_start_keeps_its_folder_and_shows_its_log(
+    cluster_a: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What made C fail to start mid-session: a client socket that the kernel had given
+    # a listener port (C's and up lie in the ephemeral range). Here a client socket
+    # connected to A holds the would-be broker's controller port, as such a socket would.
+    monkeypatch.setenv(PORT_OFFSET_VARIABLE, "7")  # beside the session's clusters
+    kafka = LocalKafka(tmp_path / "state")
+    taken = broker_port("C") + 1
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as client:
+        # Closed with a reset, not left in TIME_WAIT: the port is free again for a rerun.
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.bind(("127.0.0.1", taken))
+        client.connect(("127.0.0.1", cluster_a.port))
+        with pytest.raises(LocalClusterError) as failed:
+            kafka.up(["C"], timeout=60)
+    message = str(failed.value)
+    home = tmp_path / "state" / "C"
+    assert f"its folder {home} is kept" in message
+    assert "Address already in use" in message  # the first ERROR line, the cause
+    shown = message.split("The end of its log:\n", 1)[1].splitlines()
+    # The file's name, the first error and "...", then the log's last lines.
+    assert shown[0] == f"({home / 'logs' / 'server.log'})"
+    assert len(shown) == LOG_TAIL_LINES + 3, shown
+    assert (home / "logs").is_dir() and (home / "server.properties").exists()
+    kafka.down(["C"], keep_logs_in=tmp_path / "kept")
+    assert not home.exists() and (tmp_path / "kept" / "C" / "stdout.log").exists()

@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 
 from mm2py.cluster.assignment import (
+    BrokerGroupSettings,
     TaskSlot,
     choose_protocol,
     group_id,
@@ -56,17 +57,24 @@ def test_the_tasks_topic_is_per_source_and_task_count() -> None:
 
 
 @pytest.mark.parametrize(
-    ("wanted", "offered", "chosen"),
+    ("wanted", "offered", "session_ms", "chosen"),
     [
-        ("auto", "classic,consumer,streams", "consumer"),
-        ("auto", "classic", "classic"),
-        ("auto", None, "classic"),
-        ("classic", "classic,consumer", "classic"),
-        ("consumer", None, "consumer"),
+        # Kafka 4's defaults: `consumer` offered, with a 45 s session: classic's 10 s.
+        ("auto", "classic,consumer,streams", 45000, "classic"),
+        ("auto", "classic,consumer,streams", 10000, "consumer"),
+        ("auto", "classic,consumer", 6000, "consumer"),
+        ("auto", "classic,consumer", None, "classic"),
+        ("auto", "classic", 6000, "classic"),
+        ("auto", None, None, "classic"),
+        ("classic", "classic,consumer", 6000, "classic"),
+        ("consumer", None, None, "consumer"),
+        ("consumer", "classic,consumer", 45000, "consumer"),
     ],
 )
-def test_the_group_protocol(wanted: str, offered: str | None, chosen: str) -> None:
-    assert choose_protocol(wanted, offered) == chosen
+def test_the_group_protocol(
+    wanted: str, offered: str | None, session_ms: int | None, chosen: str
+) -> None:
+    assert choose_protocol(wanted, BrokerGroupSettings(offered, session_ms)) == chosen
 
 
 def test_a_nodes_client_id_says_who_it_is() -> None:
