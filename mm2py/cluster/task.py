@@ -234,7 +234,13 @@ def _start_process() -> tuple[BaseProcess, Connection]:
 
 
 def spare_main(conn: Connection) -> None:
-    """A task process before its task: import what a task needs, then wait for it."""
+    """A task process before its task: import what a task needs, then wait for it.
+
+    It ignores SIGINT and SIGTERM from its first line, as the task it becomes does: a
+    Ctrl-C reaches every process of the terminal's group, and the node ends its spare
+    by closing the pipe."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
     import mm2py.daemon.parts.source  # noqa: F401  (the import is the warm-up)
 
