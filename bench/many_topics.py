@@ -21,7 +21,12 @@ before the process is spawned, so interpreter start-up and imports count. Measur
   "now copying" log line, from the timestamps the daemon writes (millisecond wall
   clock, compared with the wall clock at spawn; no sampling involved);
 - ``longest_log_line_bytes``: the longest line the daemon printed (stdout and stderr,
-  start-up to exit), and ``now_copying_lines``, how many "now copying" lines it wrote.
+  start-up to exit), and ``now_copying_lines``, how many "now copying" lines it wrote;
+- ``idle_cpu_share``: once everything is copied and nothing new arrives, the CPU the
+  daemon's whole process tree (node, task and spare processes) uses over
+  ``--idle-seconds`` (default 30), as a share of one core (0.05 = 5% of a core); the
+  window starts IDLE_SETTLE seconds after the copy completed, so the copy's tail and
+  its last progress writes are not counted.
 
 How B is watched: one sample every SAMPLE_INTERVAL (0.1 s) is, until all remote topics
 exist, one Metadata request (which remote partitions exist and have a leader), then
@@ -74,6 +79,7 @@ from confluent_kafka.cimpl import NewTopic
 
 import mm2py
 from bench.common import (
+    ProcessCpu,
     ReplicatorError,
     Running,
     check_alive,
@@ -99,6 +105,9 @@ NOW_COPYING: Final = "now copying"
 SAMPLE_INTERVAL: Final = 0.1
 # ListOffsets' "latest" as a timestamp (offsets_for_times passes it to the broker as is).
 LATEST_TIMESTAMP: Final = -1
+# Seconds between the copy's end and the idle window: the last progress and offset-sync
+# writes and a report or two go by.
+IDLE_SETTLE: Final = 5.0
 # The daemon's text log lines start with logging's asctime: 2026-11-21 14:28:04,123.
 _LOG_TIME = re.compile(rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
@@ -289,6 +298,17 @@ def read_log(path: Path) -> LogFacts:
     return LogFacts(longest, count, first, last)
 
 
+def idle_cpu_share(pid: int, seconds: float, running: Running) -> float:
+    """CPU of `pid`'s process tree over `seconds` (after IDLE_SETTLE), per second."""
+    time.sleep(IDLE_SETTLE)
+    check_alive(running)
+    cpu = ProcessCpu(pid)
+    start_cpu, start = cpu.sample(), time.monotonic()
+    time.sleep(seconds)
+    check_alive(running)
+    return (cpu.sample() - start_cpu) / (time.monotonic() - start)
+
+
 def _broker_pids() -> dict[str, int | None]:
     """The broker process of A and B: another user's tests may restart one mid-run."""
     kafka = LocalKafka()
@@ -306,6 +326,7 @@ def one_run(
     records: int,
     timeout: float,
     run_dir: Path,
+    idle_seconds: float,
 ) -> dict[str, Any]:
     """Fill A, run the daemon until all is copied, stop it, clean up; the run's JSON line."""
     source_cluster, target = clusters["A"], clusters["B"]
@@ -333,6 +354,7 @@ def one_run(
         with running_command("mm2py", cmd, log_file) as (running, proc):
             watch = watch_remote(target, source, source_cluster.alias, spawned, running, timeout)
             load_after = load_averages()
+            idle = idle_cpu_share(proc.pid, idle_seconds, running)
         restarted = [a for a, pid in _broker_pids().items() if pid != brokers[a]]
         facts = read_log(log_file)
     finally:
@@ -361,6 +383,8 @@ def one_run(
         "samples": watch.samples,
         "sample_s_max": round(watch.sample_s_max, 3),
         "watcher_cpu_s": round(watch.cpu_s, 2),
+        "idle_seconds": idle_seconds,
+        "idle_cpu_share": round(idle, 4),
         "clusters_restarted": restarted,
         "load_before": load_before,
         "load_after": load_after,
@@ -381,6 +405,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=5, help="records per partition (default 5)")
     parser.add_argument("--runs", type=int, default=1, help="runs in a row (default 1)")
     parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=30.0,
+        help="seconds of idle CPU measured once all is copied (default 30)",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=300, help="seconds to wait for the copy (default 300)"
     )
     args = parser.parse_args(argv)
@@ -395,7 +425,15 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.runs):
         try:
             emit(
-                one_run(clusters, args.topics, args.partitions, args.records, args.timeout, run_dir)
+                one_run(
+                    clusters,
+                    args.topics,
+                    args.partitions,
+                    args.records,
+                    args.timeout,
+                    run_dir,
+                    args.idle_seconds,
+                )
             )
         except (ReplicatorError, KafkaException) as e:
             # On shared clusters another user's test may restart one mid-run.
