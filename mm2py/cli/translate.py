@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from mm2py.cli.arguments import Subparsers, add_pair_arguments
-from mm2py.errors import EXIT_FAILED, EXIT_OK, Mm2pyError
+from mm2py.errors import EXIT_FAILED, EXIT_OK, Mm2pyError, UsageError
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,6 +21,8 @@ def run(args: argparse.Namespace) -> int:
         gather,
     )
 
+    if args.accept_inexact and not args.apply:
+        raise UsageError("--accept-inexact goes with --apply")
     config = load_config(args.config)
     flow = check_aliases(config, args.source, args.target)
     try:
@@ -30,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     failure = None
     if args.apply:
         try:
-            apply_offsets(config, report)  # ApplyRefused (exit 2) propagates: nothing applied
+            # ApplyRefused (exit 2) propagates: nothing applied.
+            apply_offsets(config, report, args.accept_inexact)
         except KafkaException as err:
             # The report is printed all the same: it shows what --apply tried to commit.
             failure = Mm2pyError(
@@ -39,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(format_json(report) if args.json else format_text(report))
     if failure is not None:
         raise failure
-    return EXIT_OK if report.complete else EXIT_FAILED
+    return EXIT_OK if report.exact else EXIT_FAILED
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -50,8 +53,10 @@ def add_parser(sub: Subparsers) -> None:
             "Print, per remote topic partition, the group's upstream offset, its translated "
             "downstream offset and the checkpoint's age, from <source>.checkpoints.internal "
             "on the target (written by mm2py or by MirrorMaker 2). Partitions that cannot "
-            "be translated are listed with the reason. Exit status: 0 all translated, "
-            "1 something could not be translated, 2 usage error or --apply refused."
+            "be translated, or whose position the offset syncs do not prove exact, are "
+            "listed with the reason. Exit status: 0 every partition ok (exact; applied with "
+            "--apply), 1 something not translated or not exact yet (--apply then commits "
+            "nothing, unless --accept-inexact), 2 usage error or --apply refused."
         ),
     )
     add_pair_arguments(
@@ -69,7 +74,13 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument(
         "--apply",
         action="store_true",
-        help="commit the translated offsets to the group on the target "
-        "(refused while the group has members there)",
+        help="commit the translated offsets to the group on the target, only when every "
+        "partition is ok (refused while the group has members there)",
+    )
+    p.add_argument(
+        "--accept-inexact",
+        action="store_true",
+        help="with --apply, commit the checkpoints even where the offset syncs do not prove "
+        "them exact (each at or before the group's position: records may be read twice)",
     )
     p.set_defaults(func=run)

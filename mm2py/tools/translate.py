@@ -2,10 +2,24 @@
 
 The positions come from ``<source>.checkpoints.internal`` on the target only, so
 the command works the same on a pair that real MM2 replicated. When the source
-cluster answers, the group's committed offsets there (and, to explain a missing
-checkpoint, the offset syncs) are read too, so that every partition the group
-consumes is reported: translated, translated but behind the group (stale), or
-untranslated with the reason. Nothing is left out silently.
+cluster answers, the group's committed offsets there and the offset syncs are read
+too, so that every partition the group consumes is reported, with one of three
+statuses:
+
+- ``ok``: the position is proven exact. The group's committed offset on the source is
+  the checkpoint's, and the offset syncs translate it exactly (mm2py.compat.offsets)
+  to the checkpoint's target offset: the group resumes there reading no record twice
+  and missing none.
+- ``not exact yet``: a checkpoint exists, but nothing proves it exact now (the group
+  moved since, the syncs do not cover its offset yet or translate it elsewhere, or the
+  source or its syncs cannot be read). The reason names what the row waits for.
+- ``untranslated``: no checkpoint; the reason says why.
+
+`--apply` commits only a report whose every row is ``ok`` (`Report.exact`); anything
+less commits nothing, unless `accept_inexact` is asked for: then each checkpoint is
+committed as it is, at or before the group's position when it was written (records
+may be read twice), except a checkpoint ahead of a group rewound since. Nothing is
+left out silently.
 
 The first half of the module is pure (rows, reasons, text and JSON); the second
 half reads the clusters and applies the offsets.
@@ -26,7 +40,6 @@ from mm2py.compat.formats import Checkpoint
 from mm2py.compat.offsets import OffsetSyncStore
 from mm2py.compat.policy import ReplicationPolicy, checkpoint_topic
 from mm2py.config import ConfigError, FlowConfig, MirrorConfig
-from mm2py.config.models import FlowSettings
 from mm2py.errors import UsageError
 from mm2py.kafka import clients
 from mm2py.kafka.groups import (
@@ -39,10 +52,10 @@ from mm2py.kafka.internal_topics import load_checkpoints, read_offset_syncs
 from mm2py.kafka.reader import ReaderError
 from mm2py.kafka.topics import topic_partitions
 
-Status = Literal["ok", "stale", "untranslated"]
+Status = Literal["ok", "not exact yet", "untranslated"]
 
 OK: Final = "ok"
-STALE: Final = "stale"
+NOT_EXACT: Final = "not exact yet"
 UNTRANSLATED: Final = "untranslated"
 
 # ------------------------------------------------------------------ pure part
@@ -86,6 +99,12 @@ class Report:
         """Every partition translated and nothing wrong with the group."""
         return not self.problems and all(row.translated for row in self.rows)
 
+    @property
+    def exact(self) -> bool:
+        """Every partition at a position proven exact (``ok``), and nothing wrong with the
+        group: what --apply commits, and exit status 0."""
+        return not self.problems and all(row.status == OK for row in self.rows)
+
 
 @dataclass(frozen=True)
 class SourceView:
@@ -122,7 +141,6 @@ def build_report(
     saying why. `topics` keeps only these topics (source or remote names).
     """
     flow = rules.flow
-    s = rules.settings
     cp_topic = rules.policy.checkpoints_topic(flow.source)
     report = Report(flow.source, flow.target, group, cp_topic)
     wanted = set(topics)
@@ -141,22 +159,8 @@ def build_report(
             continue
         seen.add((source_topic, partition))
         now_offset = committed.get((source_topic, partition))
-        status: Status = OK
-        reason = None
-        if source_view is not None:
-            if now_offset is None:
-                status, reason = STALE, f"the group has no committed offset here on {flow.source}"
-            elif now_offset > cp.upstream_offset:
-                status = STALE
-                reason = (
-                    f"the group has committed {now_offset} on {flow.source} since; the next "
-                    f"checkpoint (every {s.emit_checkpoints_interval_seconds}s) catches up"
-                )
-            elif now_offset < cp.upstream_offset:
-                status = STALE
-                reason = f"the group was rewound to {now_offset} on {flow.source} since"
-            elif source_view.syncs is not None:
-                status, reason = _check_exact(source_view.syncs, cp, source_topic, s)
+        reason = _not_exact(rules, cp, source_topic, now_offset, source_view, source_problem)
+        status: Status = OK if reason is None else NOT_EXACT
         report.rows.append(
             PartitionRow(
                 remote,
@@ -198,27 +202,59 @@ def build_report(
     return report
 
 
-def _check_exact(
-    syncs: OffsetSyncStore, cp: Checkpoint, source_topic: str, s: FlowSettings
-) -> tuple[Status, str | None]:
-    """Whether the offset syncs confirm a checkpoint that is at the group's offset.
-
-    A checkpoint written before the replicator's syncs reached the group's offset
-    is a safe position, not the exact one; a better checkpoint follows.
-    """
-    found = syncs.translation(source_topic, cp.partition, cp.upstream_offset)
-    if found is None:
-        return OK, None
-    later = f"; the next checkpoint (every {s.emit_checkpoints_interval_seconds}s) improves it"
-    if not found.exact:
-        return STALE, (
-            f"not exact yet: the offset syncs do not prove where {cp.upstream_offset} is "
-            "(the replicator is behind the group, or the syncs around it were written by "
-            "MM2 or compacted away)" + later
+def _not_exact(
+    rules: FlowRules,
+    cp: Checkpoint,
+    source_topic: str,
+    now_offset: int | None,
+    view: SourceView | None,
+    source_problem: str | None,
+) -> str | None:
+    """Why checkpoint `cp` is not proven to be the group's exact position now, naming
+    what it waits for; None when it is (see the module docstring)."""
+    flow, s = rules.flow, rules.settings
+    next_checkpoint = f"the next checkpoint (every {s.emit_checkpoints_interval_seconds}s)"
+    if view is None:
+        return (
+            f"not proven: {flow.source} was not read ({source_problem or 'skipped'}), so "
+            "neither the group's offset there nor the offset syncs are known; waits for "
+            f"{flow.source} to answer"
         )
-    if found.downstream > cp.downstream_offset:
-        return STALE, f"the offset syncs now translate to {found.downstream}" + later
-    return OK, None
+    if now_offset is None:
+        return (
+            f"not proven: the group has no committed offset for this partition on "
+            f"{flow.source}; waits for it to commit one there"
+        )
+    if now_offset > cp.upstream_offset:
+        return f"the group has committed {now_offset} on {flow.source} since; waits for " + (
+            next_checkpoint
+        )
+    if now_offset < cp.upstream_offset:
+        return f"the group was rewound to {now_offset} on {flow.source} since; waits for " + (
+            next_checkpoint
+        )
+    if view.syncs is None:
+        why = view.syncs_problem or "unknown reason"
+        return f"not proven: the offset syncs could not be read ({why}); waits for them"
+    found = view.syncs.translation(source_topic, cp.partition, cp.upstream_offset)
+    if found is None:
+        return (
+            f"not proven: no offset sync covers {source_topic}-{cp.partition} offset "
+            f"{cp.upstream_offset} (the offset syncs topic was emptied or made anew); waits "
+            "for syncs that do"
+        )
+    if not found.exact:
+        return (
+            f"not proven: the offset syncs do not prove where {cp.upstream_offset} is (the "
+            "replicator has not synced its copy up to there yet, or the syncs around it were "
+            "written by MM2 or compacted away); waits for the replicator's sync, then for "
+            + next_checkpoint
+        )
+    if found.downstream != cp.downstream_offset:
+        return f"the offset syncs now translate to {found.downstream}; waits for " + (
+            next_checkpoint
+        )
+    return None
 
 
 def _why_untranslated(
@@ -331,8 +367,9 @@ def format_text(report: Report) -> str:
     lines += [f"problem: {p}" for p in report.problems]
     lines += [f"note: {n}" for n in report.notes]
     translated = sum(1 for row in report.rows if row.translated)
+    exact = sum(1 for row in report.rows if row.status == OK)
     lines.append(
-        f"{translated} of {len(report.rows)} partitions translated"
+        f"{translated} of {len(report.rows)} partitions translated, {exact} exact"
         + ("" if report.applied is None else f"; {report.applied} offsets applied")
     )
     return "\n".join(lines) + "\n"
@@ -342,6 +379,7 @@ def to_json(report: Report) -> dict[str, Any]:
     """The report as plain JSON values (stable keys, for scripts)."""
     data = asdict(report)
     data["complete"] = report.complete
+    data["exact"] = report.exact
     return data
 
 
@@ -424,12 +462,26 @@ def _read_source(
     return SourceView(committed, syncs, syncs_problem), None
 
 
-def apply_offsets(config: MirrorConfig, report: Report) -> int:
+def apply_offsets(config: MirrorConfig, report: Report, accept_inexact: bool = False) -> int:
     """Commit the translated offsets to the group on the target; return how many.
 
-    Raises ApplyRefused when the group has members there (their positions would
-    be overwritten under them), KafkaException when the commit fails.
+    Only a report whose every row is proven exact (`Report.exact`) is committed; else
+    nothing is, and a note says why. With `accept_inexact` the checkpoints are committed
+    as they are, proven or not, except one ahead of a group rewound since (the group
+    would skip records). Raises ApplyRefused when the group has members on the target
+    (their positions would be overwritten under them), KafkaException when the commit
+    fails.
     """
+    if not report.exact and not accept_inexact:
+        waiting = sum(1 for row in report.rows if row.status != OK)
+        report.applied = 0
+        report.notes.append(
+            "nothing applied: "
+            + (f"{waiting} partition(s) not proven exact yet" if waiting else "see the problems")
+            + "; run it again once every partition is ok, or add --accept-inexact to commit "
+            "the checkpoints as they are (records may be read twice)"
+        )
+        return 0
     target = config.cluster(report.target)
     timeout = config.flow(report.source, report.target).settings.admin_timeout
     admin = clients.admin_client(target.librdkafka("admin"))
@@ -448,11 +500,20 @@ def apply_offsets(config: MirrorConfig, report: Report) -> int:
     offsets = {
         (row.topic, row.partition): CommittedOffset(row.downstream_offset, row.metadata or "")
         for row in report.rows
-        if row.downstream_offset is not None
+        if row.downstream_offset is not None and not _ahead_of_group(row)
     }
     commit_group_offsets(admin, report.group, offsets, timeout)
     report.applied = len(offsets)
     return len(offsets)
+
+
+def _ahead_of_group(row: PartitionRow) -> bool:
+    """The checkpoint is past the group's offset on the source (rewound since)."""
+    return (
+        row.committed_on_source is not None
+        and row.upstream_offset is not None
+        and row.committed_on_source < row.upstream_offset
+    )
 
 
 def check_aliases(config: MirrorConfig, source: str, target: str) -> FlowConfig:

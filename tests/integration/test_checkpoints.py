@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin._config import ConfigResource
 
 from mm2py.compat.formats import Checkpoint, OffsetSync
@@ -25,7 +25,15 @@ from mm2py.kafka.groups import read_committed
 from mm2py.kafka.topics import topic_partitions
 from mm2py.tools.translate import gather
 from tests.daemon_harness import mm2_properties, running_daemon
-from tests.kafka_helpers import commit_offsets, create_topic, produce, read_all, wait_until
+from tests.integration.test_failover import EXACTLY_ONCE, MODES, Mode, wait_copied
+from tests.kafka_helpers import (
+    commit_offsets,
+    create_topic,
+    end_transaction,
+    produce,
+    read_all,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -262,7 +270,7 @@ def test_translate_offsets_prints_applies_and_refuses(
             "NOTE",
         ]
         assert lines[2].split()[:4] == [remote, "0", "12", "12"]
-        assert lines[-1] == "2 of 2 partitions translated"
+        assert lines[-1] == "2 of 2 partitions translated, 2 exact"
 
         applied = _translate(config, group, "--apply")
         assert applied.returncode == 0, applied.stderr
@@ -309,9 +317,98 @@ def test_translate_offsets_reads_checkpoints_real_mm2_wrote(
         )
     assert row["topic"] == remote and row["downstream_offset"] is not None
     # MM2 may have written a newer checkpoint after the one seen above: --apply must
-    # commit exactly what translate-offsets reports now that MM2 has stopped.
+    # commit exactly what translate-offsets reports now that MM2 has stopped. MM2's syncs
+    # promise no exactness: its checkpoint is committed when asked for explicitly.
     final: dict[str, Any] = json.loads(_translate(config, group, "--json").stdout)
     (now,) = [r for r in final["rows"] if r["upstream_offset"] == 50]
-    applied = _translate(config, group, "--apply")
+    applied = _translate(config, group, "--apply", "--accept-inexact")
     assert applied.returncode in (0, 1), applied.stderr
     assert _group_offsets(cluster_b, group) == {(remote, 0): now["downstream_offset"]}
+
+
+# ------------------------------------------------ failing over right after catch-up
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_apply_right_after_catch_up_commits_the_exact_position(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path, mode: Mode
+) -> None:
+    """Issue 24's sequence: 200 plain records, a committed transaction of 50 (its marker
+    leaves a gap on A), 200 plain records per partition; the group at record 300, already
+    checkpointed (past what was copied) when the last 200 come. Once B holds every record,
+    `--apply` is run at once and again every 2 s until it exits 0: no run before may commit
+    anything, and the group then reads record 300 first on every partition."""
+    prefix = f"cp-catch-up-{uuid.uuid4().hex[:8]}"
+    topic, group = f"{prefix}-t", f"{prefix}-g"
+    remote = f"A.{topic}"
+    partitions = 3
+    create_topic(cluster_a, topic, partitions=partitions)
+
+    def records(start: int, count: int) -> list[tuple[int, bytes | None, bytes | None]]:
+        return [
+            (p, None, str(i).encode())
+            for i in range(start, start + count)
+            for p in range(partitions)
+        ]
+
+    produce(cluster_a, topic, records(0, 200))
+    producer = Producer(dict(cluster_a.client_properties(), **{"transactional.id": f"tx-{topic}"}))
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for p, _key, value in records(200, 50):
+        producer.produce(topic, value=value, partition=p)
+    end_transaction(producer, commit=True)
+    # Record 300 will be at offset 301: the commit marker takes offset 250.
+    commit_offsets(cluster_a, group, {(topic, p): 301 for p in range(partitions)})
+    extra = {
+        "emit.checkpoints.interval.seconds": "2",
+        **(EXACTLY_ONCE if mode == "exactly-once" else {}),
+    }
+    config = _config(tmp_path, cluster_a, cluster_b, prefix, **extra)
+    runs: list[tuple[float, int, str]] = []
+    with running_daemon(config):
+        wait_until(
+            lambda: len(_latest(cluster_b, group)) == partitions,
+            timeout=60,
+            what="checkpoints of the group ahead of the copy",
+        )
+        produce(cluster_a, topic, records(250, 200))
+        at_300 = {r.partition: r.offset for r in read_all(cluster_a, topic) if r.value == b"300"}
+        assert at_300 == dict.fromkeys(range(partitions), 301)
+        wait_copied(
+            cluster_b,
+            remote,
+            dict.fromkeys(range(partitions), 450),
+            transactional=mode == "exactly-once",
+        )
+        caught_up = time.monotonic()
+        while True:
+            done = _translate(config, group, "--apply", "--json")
+            runs.append((time.monotonic() - caught_up, done.returncode, done.stdout))
+            assert done.returncode in (0, 1), done.stderr
+            if done.returncode == 0:
+                break
+            # Nothing is committed before every position is proven exact.
+            assert _group_offsets(cluster_b, group) == {}, runs
+            assert time.monotonic() - caught_up < 60, runs
+            time.sleep(2)
+    for seconds, code, out in runs:
+        rows = [
+            (r["partition"], r["downstream_offset"], r["status"]) for r in json.loads(out)["rows"]
+        ]
+        print(f"{seconds:.1f}s after catch-up: exit {code}: {rows}")
+    first: dict[int, bytes | None] = {}
+    consumer = clients.consumer(
+        cluster_b.client_properties(),
+        {"group.id": group, "enable.auto.commit": False, "isolation.level": "read_committed"},
+    )
+    consumer.subscribe([remote])
+    try:
+        deadline = time.monotonic() + 60
+        while len(first) < partitions and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                first.setdefault(msg.partition() or 0, msg.value())
+    finally:
+        consumer.close()
+    assert first == dict.fromkeys(range(partitions), b"300")

@@ -179,6 +179,10 @@ def test_tool_usage_errors_name_the_option(
         2,
         f"mm2py translate-offsets: {config}: --target: must differ from --source\n",
     )
+    assert _main(["translate-offsets", *pair, "B", "--group", "g", "--accept-inexact"], capsys) == (
+        2,
+        "mm2py translate-offsets: --accept-inexact goes with --apply\n",
+    )
     status, line = _main(["backfill", *pair, "B", "--from", "last tuesday"], capsys)
     assert status == 2
     assert line.startswith("mm2py backfill: --from/--until: 'last tuesday' is not 'earliest'")

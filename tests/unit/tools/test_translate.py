@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from mm2py.compat.flow import FlowRules
 from mm2py.compat.formats import Checkpoint, OffsetSync
 from mm2py.compat.offsets import OffsetSyncStore
 from mm2py.compat.policy import DefaultReplicationPolicy, IdentityReplicationPolicy
-from mm2py.config import FlowConfig
+from mm2py.config import FlowConfig, MirrorConfig, load_config
 from mm2py.config.models import FlowSettings
 from mm2py.tools.translate import (
     SourceView,
+    apply_offsets,
     build_report,
     format_age,
     format_json,
@@ -26,6 +28,16 @@ NOW_MS = 1_700_000_100_000
 def _rules(**settings: Any) -> FlowRules:
     flow = FlowConfig(source="A", target="B", enabled=True, settings=FlowSettings(**settings))
     return FlowRules(flow)
+
+
+def _config(tmp_path: Path) -> MirrorConfig:
+    path = tmp_path / "mm2.properties"
+    # Port 9 (discard): nothing answers there; a test that reaches a cluster fails.
+    path.write_text(
+        "clusters = A, B\nA.bootstrap.servers = 127.0.0.1:9\nB.bootstrap.servers = 127.0.0.1:9\n"
+        "A->B.enabled = true\n"
+    )
+    return load_config(path)
 
 
 def _checkpoints(*cps: tuple[str, int, int, int, float]) -> dict[Any, tuple[Checkpoint, int]]:
@@ -42,7 +54,7 @@ def _syncs(*syncs: tuple[str, int, int, int]) -> OffsetSyncStore:
     return store
 
 
-def test_checkpoints_alone_give_rows_and_a_note_that_the_source_was_not_read() -> None:
+def test_checkpoints_alone_are_not_proven_exact_and_say_what_they_wait_for() -> None:
     report = build_report(
         _rules(),
         "g",
@@ -57,25 +69,31 @@ def test_checkpoints_alone_give_rows_and_a_note_that_the_source_was_not_read() -
         ("A.orders", 1, 50, 40),
     ]
     assert [r.checkpoint_age_seconds for r in report.rows] == [75.0, 3.25]
-    assert {r.status for r in report.rows} == {"ok"}
+    # Neither the group's offsets nor the syncs were read: nothing proves a position.
+    assert {r.status for r in report.rows} == {"not exact yet"}
+    assert all(
+        "A was not read (cluster A does not answer)" in (r.reason or "")
+        and "waits for A to answer" in (r.reason or "")
+        for r in report.rows
+    )
     assert report.rows[0].source_topic == "orders"
     assert report.rows[0].metadata == "meta"
     assert report.problems == []
     assert report.notes and "cluster A does not answer" in report.notes[0]
-    assert report.complete
+    assert report.complete and not report.exact
 
 
 def test_every_committed_partition_is_reported_with_why_it_is_not_translated() -> None:
     view = SourceView(
         committed={
-            ("orders", 0): 10,  # checkpointed, current
+            ("orders", 0): 10,  # checkpointed, current, proven by the syncs
             ("orders", 1): 60,  # checkpointed at 50: the group moved on since
             ("orders", 2): 5,  # before the oldest sync
             ("orders", 3): 7,  # no syncs at all
             ("orders", 4): 70,  # synced, but no checkpoint yet
             ("mm2-offset-syncs.B.internal", 0): 3,  # internal: never replicated
         },
-        syncs=_syncs(("orders", 2, 100, 0), ("orders", 4, 0, 0)),
+        syncs=_syncs(("orders", 0, 10, 9), ("orders", 2, 100, 0), ("orders", 4, 0, 0)),
     )
     report = build_report(
         _rules(),
@@ -87,9 +105,13 @@ def test_every_committed_partition_is_reported_with_why_it_is_not_translated() -
     rows = {(r.source_topic, r.partition): r for r in report.rows}
     assert len(rows) == 6
     assert rows[("orders", 0)].status == "ok"
-    stale = rows[("orders", 1)]
-    assert (stale.status, stale.downstream_offset, stale.committed_on_source) == ("stale", 40, 60)
-    assert "committed 60" in (stale.reason or "")
+    behind = rows[("orders", 1)]
+    assert (behind.status, behind.downstream_offset, behind.committed_on_source) == (
+        "not exact yet",
+        40,
+        60,
+    )
+    assert "committed 60 on A since; waits for the next checkpoint" in (behind.reason or "")
     assert rows[("orders", 2)].status == "untranslated"
     assert "older than the oldest offset sync (100)" in (rows[("orders", 2)].reason or "")
     assert "no offset syncs for orders-3" in (rows[("orders", 3)].reason or "")
@@ -97,14 +119,22 @@ def test_every_committed_partition_is_reported_with_why_it_is_not_translated() -
     internal = rows[("mm2-offset-syncs.B.internal", 0)]
     assert "not replicated by A->B" in (internal.reason or "")
     assert all(r.downstream_offset is None for r in report.rows if r.status == "untranslated")
-    assert not report.complete
+    assert not report.complete and not report.exact
 
 
 def test_unreadable_offset_syncs_are_named_as_the_reason() -> None:
-    view = SourceView({("orders", 0): 1}, None, "mm2-offset-syncs.B.internal does not exist on A")
+    problem = "mm2-offset-syncs.B.internal does not exist on A"
+    view = SourceView({("orders", 0): 1}, None, problem)
     (row,) = build_report(_rules(), "g", {}, NOW_MS, view).rows
     assert row.status == "untranslated"
-    assert "mm2-offset-syncs.B.internal does not exist on A" in (row.reason or "")
+    assert problem in (row.reason or "")
+    # A checkpoint the syncs cannot confirm is not proven exact, whatever it says.
+    view = SourceView({("orders", 0): 1}, None, problem)
+    report = build_report(_rules(), "g", _checkpoints(("A.orders", 0, 1, 1, 1)), NOW_MS, view)
+    (row,) = report.rows
+    assert row.status == "not exact yet"
+    assert f"the offset syncs could not be read ({problem}); waits for them" in (row.reason or "")
+    assert report.complete and not report.exact
 
 
 def test_group_level_problems() -> None:
@@ -133,13 +163,16 @@ def test_topic_selection_by_source_or_remote_name() -> None:
     assert report.problems == ["no partition of group g belongs to --topic nope"]
 
 
-def test_a_rewind_on_the_source_and_a_dropped_partition_are_stale() -> None:
+def test_a_rewind_on_the_source_and_a_dropped_partition_are_not_exact() -> None:
     cps = _checkpoints(("A.orders", 0, 50, 50, 1), ("A.orders", 1, 5, 5, 1))
-    report = build_report(_rules(), "g", cps, NOW_MS, SourceView({("orders", 0): 20}))
+    syncs = _syncs(("orders", 0, 0, 0), ("orders", 1, 0, 0), ("orders", 1, 9, 9))
+    report = build_report(_rules(), "g", cps, NOW_MS, SourceView({("orders", 0): 20}, syncs))
     first, second = report.rows
-    assert (first.status, "rewound to 20" in (first.reason or "")) == ("stale", True)
-    assert (second.status, "no committed offset" in (second.reason or "")) == ("stale", True)
-    assert report.complete  # stale is translated: a failover re-reads, it loses nothing
+    assert first.status == "not exact yet"
+    assert "rewound to 20 on A since; waits for the next checkpoint" in (first.reason or "")
+    assert second.status == "not exact yet"
+    assert "no committed offset for this partition on A" in (second.reason or "")
+    assert report.complete and not report.exact
 
 
 def test_source_topic_of_inverts_checkpoint_naming() -> None:
@@ -153,7 +186,7 @@ def test_source_topic_of_inverts_checkpoint_naming() -> None:
 
 
 def test_text_table() -> None:
-    view = SourceView({("orders", 0): 10, ("orders", 1): 3}, _syncs())
+    view = SourceView({("orders", 0): 10, ("orders", 1): 3}, _syncs(("orders", 0, 10, 9)))
     report = build_report(_rules(), "g", _checkpoints(("A.orders", 0, 10, 9, 2.5)), NOW_MS, view)
     report.applied = 1
     assert format_text(report).splitlines() == [
@@ -162,7 +195,7 @@ def test_text_table() -> None:
         "A.orders  0          10        9           2.5s  ok",
         "A.orders  1          -         -           -     untranslated  no offset syncs for "
         "orders-1: none of its records has been replicated yet",
-        "1 of 2 partitions translated; 1 offsets applied",
+        "1 of 2 partitions translated, 1 exact; 1 offsets applied",
     ]
 
 
@@ -171,19 +204,20 @@ def test_json_has_every_row_and_the_verdict() -> None:
         _rules(), "g", _checkpoints(("A.orders", 0, 10, 9, 2)), NOW_MS, SourceView({})
     )
     data = json.loads(format_json(report))
-    assert data["complete"] is True
+    assert (data["complete"], data["exact"]) == (True, False)
     assert data["rows"] == [
         {
             "topic": "A.orders",
             "source_topic": "orders",
             "partition": 0,
-            "status": "stale",
+            "status": "not exact yet",
             "upstream_offset": 10,
             "downstream_offset": 9,
             "checkpoint_age_seconds": 2.0,
             "metadata": "meta",
             "committed_on_source": None,
-            "reason": "the group has no committed offset here on A",
+            "reason": "not proven: the group has no committed offset for this partition on A; "
+            "waits for it to commit one there",
         }
     ]
     assert data["applied"] is None
@@ -201,14 +235,48 @@ def test_ages_read_at_a_glance() -> None:
     ]
 
 
-def test_the_offset_syncs_confirm_a_checkpoint_or_say_a_better_one_is_coming() -> None:
-    cps = _checkpoints(("A.t", 0, 50, 1, 1), ("A.t", 1, 50, 40, 1), ("A.t", 2, 50, 50, 1))
+def test_only_a_checkpoint_the_offset_syncs_prove_exact_is_ok() -> None:
+    cps = _checkpoints(
+        ("A.t", 0, 50, 1, 1), ("A.t", 1, 50, 40, 1), ("A.t", 2, 50, 50, 1), ("A.t", 3, 50, 9, 1)
+    )
     view = SourceView(
-        {("t", 0): 50, ("t", 1): 50, ("t", 2): 50},
+        {("t", 0): 50, ("t", 1): 50, ("t", 2): 50, ("t", 3): 50},
         _syncs(("t", 0, 0, 0), ("t", 1, 0, 0), ("t", 1, 60, 60), ("t", 2, 0, 0), ("t", 2, 49, 49)),
     )
-    first, second, third = build_report(_rules(), "g", cps, NOW_MS, view).rows
+    report = build_report(_rules(), "g", cps, NOW_MS, view)
+    first, second, third, fourth = report.rows
     # Written while the replicator was behind the group: safe, not yet exact.
-    assert (first.status, "not exact yet" in (first.reason or "")) == ("stale", True)
-    assert (second.status, "now translate to 50" in (second.reason or "")) == ("stale", True)
+    assert first.status == "not exact yet"
+    assert "do not prove where 50 is" in (first.reason or "")
+    assert "waits for the replicator's sync" in (first.reason or "")
+    assert second.status == "not exact yet"
+    assert "now translate to 50; waits for the next checkpoint" in (second.reason or "")
     assert (third.status, third.reason) == ("ok", None)
+    # No sync of t-3 at all (its syncs topic made anew): nothing proves the checkpoint.
+    assert fourth.status == "not exact yet"
+    assert "no offset sync covers t-3 offset 50" in (fourth.reason or "")
+    assert report.complete and not report.exact
+
+
+def test_issue_24_a_checkpoint_written_before_the_last_sync_is_not_exact_yet(
+    tmp_path: Path,
+) -> None:
+    """The checkpoint (301 -> 251) was written while the syncs were (0 -> 0), (251 -> 250);
+    (450 -> 449) then proves 301 -> 300: the row waits for the next checkpoint."""
+    syncs = _syncs(("t", 0, 0, 0), ("t", 0, 251, 250))
+    view = SourceView({("t", 0): 301}, syncs)
+    cps = _checkpoints(("A.t", 0, 301, 251, 1))
+    report = build_report(_rules(), "g", cps, NOW_MS, view)
+    assert [r.status for r in report.rows] == ["not exact yet"]
+    # --apply commits nothing (before any call to a cluster) and says why.
+    assert apply_offsets(_config(tmp_path), report) == 0
+    assert report.applied == 0
+    assert "nothing applied: 1 partition(s) not proven exact yet" in report.notes[-1]
+    assert "--accept-inexact" in report.notes[-1]
+    syncs.add(OffsetSync("t", 0, 450, 449))
+    (row,) = build_report(_rules(), "g", cps, NOW_MS, view).rows
+    assert row.status == "not exact yet"
+    assert "now translate to 300" in (row.reason or "")
+    report = build_report(_rules(), "g", _checkpoints(("A.t", 0, 301, 300, 1)), NOW_MS, view)
+    assert [r.status for r in report.rows] == ["ok"]
+    assert report.exact
