@@ -17,15 +17,19 @@ A checkpoint is written when it is the first for its group and partition, when t
 group was rewound on the source, or when its target offset is later than the last
 one: the existing checkpoints are loaded at start, so restarts never move a
 checkpoint back. Translation is exact (:mod:`mm2py.compat.offsets`); a group ahead of
-the offset syncs gets a safe checkpoint first and an exact one once the syncs
-cover its offset.
+the offset syncs gets a safe checkpoint first and an exact one as soon as the syncs
+cover its offset: the offsets read at the last emission are translated again whenever
+new syncs arrive, and the checkpoints that became exact are written then, not at the
+next emission (`proven_by_new_syncs`). So the exact checkpoint follows the
+replicator's sync by the time it takes to read and write it (issue 24: it had waited
+up to a whole interval more, and translate-offsets found the safe one).
 
 What a group that fails over with these checkpoints reads twice, at worst, on any
 topic (plain, compacted or transactional) replicated by mm2py:
 
 - nothing, once the checkpoint of its last commit is exact (translate-offsets
   shows it as ``ok``): the replicator syncs its latest copied record every second
-  and the next checkpoint follows within ``emit.checkpoints.interval.seconds``;
+  and the exact checkpoint is written as soon as that sync is read;
 - before that, the records between the newest offset sync and the group's offset
   (the checkpoint points one past the newest sync);
 - what it consumed after its last checkpoint was written (up to one emit interval),
@@ -45,7 +49,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
@@ -144,6 +148,33 @@ def translate_group(
     return out
 
 
+def proven_by_new_syncs(
+    offsets: Mapping[str, GroupOffsets],
+    pending: Iterable[tuple[str, str, int]],
+    rules: FlowRules,
+    syncs: OffsetSyncStore,
+    store: CheckpointStore,
+) -> list[tuple[Checkpoint, Translation]]:
+    """The checkpoints that the syncs now prove exact and that improve the last one
+    written, for the (group, remote topic, partition) keys still `pending` an exact
+    checkpoint; `offsets` are the groups' committed offsets as last read."""
+    waiting: dict[str, set[tuple[str, int]]] = {}
+    for group, topic, partition in pending:
+        waiting.setdefault(group, set()).add((topic, partition))
+    out = []
+    for group in sorted(waiting):
+        if group not in offsets:
+            continue
+        for cp, found in translate_group(group, offsets[group], rules, syncs):
+            if (
+                found.exact
+                and (cp.topic, cp.partition) in waiting[group]
+                and is_newer(cp, store.get(group, cp.topic, cp.partition))
+            ):
+                out.append((cp, found))
+    return out
+
+
 def offsets_to_sync(
     checkpoints: Mapping[tuple[str, int], Checkpoint],
     target_offsets: Mapping[tuple[str, int], int],
@@ -180,6 +211,8 @@ class CheckpointPart(FlowPart):
         # (group, remote topic, partition) -> when a committed offset not yet
         # reflected by an exact checkpoint was first read.
         self._pending: dict[tuple[str, str, int], float] = {}
+        # The groups' committed offsets as the last emission read them.
+        self._offsets: Mapping[str, GroupOffsets] = {}
         # MM2's checkpoint-latency-ms by (group, remote topic, partition), when enabled.
         self.mm2_latency: dict[tuple[str, str, int], Sensor] | None = None
         if flow.settings.metrics_mm2_names_enabled:
@@ -236,7 +269,8 @@ class CheckpointPart(FlowPart):
         while not self.stopping.is_set():
             wait = min(self._scheduler.run_due(), POLL_TIMEOUT)
             if self._syncs_ready:
-                self._sync_tail.poll(wait)
+                if self._sync_tail.poll(wait) and self._pending:
+                    self._emit_proven()
             else:
                 self.stopping.wait(wait)
 
@@ -341,6 +375,7 @@ class CheckpointPart(FlowPart):
         offsets = self._source_offsets(sorted(self.groups))
         if offsets is None:
             return
+        self._offsets = offsets
         emitted: list[tuple[Checkpoint, Translation]] = []
         for group, committed in offsets.items():
             for cp, found in translate_group(group, committed, self.rules, self.syncs):
@@ -361,6 +396,14 @@ class CheckpointPart(FlowPart):
                     self._pending.setdefault(key, listed_at)
         if emitted:
             self._write(emitted, int(listed_at * 1000))
+
+    def _emit_proven(self) -> None:
+        """New offset syncs arrived: write the checkpoints they now prove exact."""
+        proven = proven_by_new_syncs(
+            self._offsets, list(self._pending), self.rules, self.syncs, self.store
+        )
+        if proven:
+            self._write(proven, int(time.time() * 1000))
 
     def _write(self, checkpoints: list[tuple[Checkpoint, Translation]], timestamp_ms: int) -> None:
         failures: list[str] = []

@@ -13,6 +13,7 @@ from mm2py.daemon.parts.checkpoint import (
     CheckpointStore,
     is_newer,
     offsets_to_sync,
+    proven_by_new_syncs,
     translate_group,
 )
 from mm2py.kafka.groups import CommittedOffset
@@ -72,6 +73,35 @@ def test_a_group_ahead_of_the_syncs_gets_a_safe_checkpoint_first() -> None:
     syncs.add(OffsetSync("t", 0, 499, 499))
     ((cp, found),) = translate_group("g", {("t", 0): CommittedOffset(500)}, _rules(), syncs)
     assert (cp.downstream_offset, found.exact) == (500, True)
+
+
+def test_new_syncs_prove_pending_checkpoints_at_once() -> None:
+    """Issue 24: the group at 301 was checkpointed at 251 while the syncs were (0 -> 0)
+    and (251 -> 250); (450 -> 449) proves 301 -> 300, written as soon as it is read."""
+    syncs = OffsetSyncStore()
+    syncs.add_all([OffsetSync("t", p, 0, 0) for p in (0, 1)])
+    syncs.add_all([OffsetSync("t", p, 251, 250) for p in (0, 1)])
+    offsets = {"g": {("t", 0): CommittedOffset(301, "m"), ("t", 1): CommittedOffset(301)}}
+    store = CheckpointStore()
+    ((cp0, _), (cp1, _)) = translate_group("g", offsets["g"], _rules(), syncs)
+    store.add(cp0)
+    store.add(cp1)
+    pending = [("g", "A.t", 0), ("g", "A.t", 1)]
+    assert cp0.downstream_offset == 251
+    assert proven_by_new_syncs(offsets, pending, _rules(), syncs, store) == []
+    syncs.add(OffsetSync("t", 0, 450, 449))
+    assert proven_by_new_syncs(offsets, pending, _rules(), syncs, store) == [
+        (Checkpoint("g", "A.t", 0, 301, 300, "m"), Translation(300, True))
+    ]
+    # Only pending keys, and groups whose offsets were read, are looked at.
+    syncs.add(OffsetSync("t", 1, 450, 449))
+    assert proven_by_new_syncs(offsets, pending[1:], _rules(), syncs, store) == [
+        (Checkpoint("g", "A.t", 1, 301, 300, ""), Translation(300, True))
+    ]
+    assert proven_by_new_syncs({}, pending, _rules(), syncs, store) == []
+    # Already written exact: nothing new.
+    store.add(Checkpoint("g", "A.t", 0, 301, 300, "m"))
+    assert proven_by_new_syncs(offsets, pending[:1], _rules(), syncs, store) == []
 
 
 def test_group_offset_sync_never_moves_a_target_group_back() -> None:
