@@ -7,7 +7,10 @@ source partition:
 - wherever the distance between source and target offsets changes (a gap on either
   side: transaction markers, aborted or compacted records on the source, another
   writer on the target),
-- for the latest copied record whenever progress is recorded;
+- for the latest copied record whenever progress is recorded, and at once when a run
+  of records is acknowledged if the partition's last such sync is LATEST_SYNC_INTERVAL
+  old or more (a copy that catches up after a pause is proven to its last record right
+  away, not at the next progress commit; at most one more sync a second a partition);
 
 and the first one of a partition after a start is marked as such: a writer killed
 before it sent its last syncs leaves nothing proven between the sync before that one
@@ -37,14 +40,22 @@ from mm2py.kafka.topics import ensure_internal_topic
 OFFSET_SYNCS_TOPIC_CONFIG: Mapping[str, str] = {"min.compaction.lag.ms": str(7 * 24 * 3600 * 1000)}
 
 
+# The shortest time between two syncs of a partition's latest acknowledged record
+# written at acknowledgement (`SyncRule.on_acknowledged`), as progress is recorded every
+# second: without it, the sync that proves a copy's last records waited for the next
+# progress commit (up to 1 s), and a checkpoint written meanwhile was not exact (issue 24).
+LATEST_SYNC_INTERVAL = 1.0
+
+
 class SyncRule:
     """When one source partition's copy needs an offset sync (pure)."""
 
-    __slots__ = ("delta", "synced")
+    __slots__ = ("delta", "latest_at", "synced")
 
     def __init__(self) -> None:
         self.delta: int | None = None  # source minus target offset at the last sync
         self.synced = -1  # upstream offset of the last sync
+        self.latest_at = float("-inf")  # when `on_acknowledged` last asked for a sync
 
     def on_copied(self, upstream: int, downstream: int) -> bool:
         """A record was acknowledged at `downstream`: True if it needs a sync (the first
@@ -54,6 +65,16 @@ class SyncRule:
             return False
         self.delta = delta
         self.synced = upstream
+        return True
+
+    def on_acknowledged(self, upstream: int, now: float) -> bool:
+        """The copy is acknowledged up to `upstream` at `now` (seconds): True if that
+        record needs a sync at once, the last one asked for here being at least
+        LATEST_SYNC_INTERVAL old (else progress, recorded every second, syncs it)."""
+        if upstream <= self.synced or now - self.latest_at < LATEST_SYNC_INTERVAL:
+            return False
+        self.synced = upstream
+        self.latest_at = now
         return True
 
     def on_progress(self, upstream: int) -> bool:

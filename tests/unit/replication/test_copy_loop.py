@@ -31,7 +31,7 @@ from mm2py.replication.copy_loop import (
     Transactions,
     describe_partitions,
 )
-from mm2py.replication.offset_syncs import OffsetSyncWriter, SyncRule
+from mm2py.replication.offset_syncs import LATEST_SYNC_INTERVAL, OffsetSyncWriter, SyncRule
 from mm2py.replication.stats import ReplicationStats
 from mm2py.replication.transactions import TransactionLog
 
@@ -270,7 +270,10 @@ def test_a_gap_on_either_side_writes_a_sync_where_the_distance_changes() -> None
     loop.copy_batch(_never)
     producer.poll()
     loop.commit_progress()
-    assert _syncs(loop) == [("t", 0, 0, 0), ("t", 0, 5, 2), ("t", 0, 7, 7)]
+    # (1, 1): the first run's last record, synced when acknowledged (the partition's first
+    # such sync); the second run's (6, 3) came within LATEST_SYNC_INTERVAL: left to progress,
+    # which 7's sync covers.
+    assert _syncs(loop) == [("t", 0, 0, 0), ("t", 0, 1, 1), ("t", 0, 5, 2), ("t", 0, 7, 7)]
 
 
 def test_a_foreign_record_inside_a_careful_run_gets_a_sync_at_the_next_record() -> None:
@@ -300,6 +303,7 @@ def test_runs_split_at_source_gaps_and_partitions_interleaved_in_a_batch() -> No
     loop.commit_progress()
     assert sorted(_syncs(loop)) == [
         ("t", 0, 0, 0),
+        ("t", 0, 2, 2),  # the first run's last, when acknowledged
         ("t", 0, 7, 4),
         ("t", 0, 8, 5),
         ("t", 1, 0, 1),
@@ -386,12 +390,14 @@ def test_only_a_runs_first_and_last_records_ask_for_a_report_unless_careful() ->
     assert loop.progress.written == {("t", 0): 3, ("t", 1): 2, ("t", 2): 5}  # type: ignore[attr-defined]
     assert [loop.stats.partition("A.t", p).records for p in range(3)] == [4, 3, 1]
     assert sum(loop.stats.partition("A.t", 0).latency.counts) == 4
+    # Each run's last record is synced as it is acknowledged (its partition's first such
+    # sync), before the next partition's reports; 5 of t-2 is its first record's.
     assert _syncs(loop) == [
         ("t", 0, 0, 0),
-        ("t", 1, 0, 0),
-        ("t", 2, 5, 0),
         ("t", 0, 3, 3),
+        ("t", 1, 0, 0),
         ("t", 1, 2, 2),
+        ("t", 2, 5, 0),
     ]
 
 
@@ -546,6 +552,21 @@ def test_sync_rule_alone() -> None:
     assert rule.on_progress(12)  # latest at a progress commit
     assert not rule.on_progress(12)
     assert not rule.on_copied(13, 6)  # same distance as the last sync: 9 - 2 = 7
+
+
+def test_sync_rule_syncs_an_acknowledged_copy_at_once_at_most_once_a_second() -> None:
+    """Issue 24: the sync proving a copy's last record waited for the next progress commit
+    (up to a second), and a checkpoint written meanwhile was not exact."""
+    rule = SyncRule()
+    assert rule.on_copied(0, 0)
+    assert rule.on_acknowledged(199, 100.0)  # the partition's first: at once
+    assert rule.on_copied(251, 250)  # a commit marker's gap
+    assert not rule.on_acknowledged(251, 100.5)  # already synced
+    assert not rule.on_acknowledged(450, 100.5)  # within a second: progress syncs it
+    assert rule.on_progress(450)
+    assert not rule.on_acknowledged(450, 101.5)  # synced by progress
+    assert rule.on_acknowledged(460, 101.0 + LATEST_SYNC_INTERVAL)
+    assert not rule.on_progress(460)
 
 
 def test_many_partitions_are_counted_not_listed() -> None:
