@@ -37,6 +37,7 @@ __all__ = [
     "AFTER_START_SYNC_HEADER",
     "CONTIGUOUS_SYNC_HEADER",
     "DEFAULT_OFFSET_STORAGE_PARTITIONS",
+    "POSITION_SYNC_HEADER",
     "SOURCE_CONNECTOR_NAME",
     "Checkpoint",
     "Heartbeat",
@@ -46,6 +47,7 @@ __all__ = [
     "encode_progress_value",
     "is_after_start_sync",
     "is_contiguous_sync",
+    "is_position_sync",
     "murmur2",
     "partition_for_key",
     "to_positive",
@@ -184,6 +186,15 @@ CONTIGUOUS_SYNC_HEADER: tuple[str, bytes] = ("mm2py.daemon.parts.sync", b"contig
 AFTER_START_SYNC_HEADER: tuple[str, bytes] = ("mm2py.sync.after-start", b"1")
 
 
+# And a sync of a source position rather than of a copied record: every record before
+# `upstream` is copied, the last one just before `downstream`, and the offsets between
+# them hold no record a read_committed consumer sees (transaction markers, aborted or
+# compacted-away records): `upstream` maps to `downstream` exactly, but nothing is known
+# of `upstream` itself, so `upstream + 1` does not map to `downstream + 1` as it does past
+# a copied record's sync.
+POSITION_SYNC_HEADER: tuple[str, bytes] = ("mm2py.sync.position", b"1")
+
+
 def is_contiguous_sync(headers: object) -> bool:
     """Whether a sync record's headers (a list of (key, value) pairs) carry mm2py's mark."""
     return isinstance(headers, list) and CONTIGUOUS_SYNC_HEADER in headers
@@ -192,6 +203,11 @@ def is_contiguous_sync(headers: object) -> bool:
 def is_after_start_sync(headers: object) -> bool:
     """Whether a sync is the first its writer wrote for the partition after a start."""
     return isinstance(headers, list) and AFTER_START_SYNC_HEADER in headers
+
+
+def is_position_sync(headers: object) -> bool:
+    """Whether a sync is of a source position past skipped offsets, not of a record."""
+    return isinstance(headers, list) and POSITION_SYNC_HEADER in headers
 
 
 @dataclass(frozen=True, slots=True)

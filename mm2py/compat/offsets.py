@@ -13,13 +13,23 @@ offset N is on the target at
 compacted-away records; the next copied record is the one synced at d2).
 
 Past the newest sync (u, d) the syncs prove less. N = u + 1 translates to d + 1:
-the next record copied lands there. For N > u + 1 the records u+1 .. N-1 may not
-be copied yet, or copied with a gap whose sync is still on its way; counting on
-them could point past a record the group never consumed. So N is clamped to
-d + 1, a safe position: at most N - u - 1 records are read again, and none once
+the next record copied lands there. For N > u + 1 the records u+1 .. N-1 may not be
+copied yet, or copied with a gap whose sync is still on its way; counting on them
+could point past a record the group never consumed. So N is clamped to d + 1, a safe
+position: at most N - u - 1 records are read again, and none once
 the replicator's next sync covers N (it writes its latest copied record every
 second), which is why a checkpoint is re-emitted when its translation improves.
 `Translation.exact` says which of the two a result is.
+
+A source partition that ends with offsets no read_committed consumer sees
+(transaction markers, aborted records, compacted-away records) puts a group that read
+everything past the last copied record (u, d), at its end P > u + 1. Once every record
+read is copied and the source consumer's position is P, the writer syncs that position,
+(P, d + 1), marked as such (`formats.POSITION_SYNC_HEADER`): P translates exactly to
+d + 1, the target's end, and offsets between u and P too (the `min` above). No record is
+known at P itself, so past a newest position sync (P, d') every N > P translates to d',
+not exactly (not to d' + 1 for N = P + 1: P may be an aborted record's offset). MM2
+reads such a sync as any other: P -> d + 1 as well (and P + 1 -> d + 2, not knowing the mark).
 
 A writer that stops without sending its last syncs (killed after records were
 acknowledged, or after a transaction committed) leaves a span whose distance changes
@@ -68,23 +78,30 @@ class PartitionSyncs:
 
     `gapped[i]` is true when syncs between sync i-1 and sync i may be missing
     (compaction removed records of the syncs topic between them): the records
-    in between are then not known to be contiguous.
+    in between are then not known to be contiguous. `position[i]` is true when sync i
+    is of a source position, not of a copied record (see the module docstring).
     """
 
     upstream: list[int] = field(default_factory=list)
     downstream: list[int] = field(default_factory=list)
     gapped: list[bool] = field(default_factory=list)
+    position: list[bool] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.gapped) < len(self.upstream):
             self.gapped += [False] * (len(self.upstream) - len(self.gapped))
+        if len(self.position) < len(self.upstream):
+            self.position += [False] * (len(self.upstream) - len(self.position))
 
-    def add(self, upstream: int, downstream: int, after_gap: bool = False) -> None:
+    def add(
+        self, upstream: int, downstream: int, after_gap: bool = False, position: bool = False
+    ) -> None:
         """Record a sync; a newer sync for an upstream offset already known replaces it.
 
         A restart of the replicator re-copies records and syncs them again with new
         downstream offsets: everything at or after the new sync is superseded.
-        `after_gap` says syncs of this partition may have been lost just before it.
+        `after_gap` says syncs of this partition may have been lost just before it;
+        `position`: it is of a source position, not of a copied record.
 
         A sync in line with the one before and the one after it (same distance
         between source and target offset) translates nothing the two others do not,
@@ -98,10 +115,12 @@ class PartitionSyncs:
             self.upstream[i] - upstream
         ):
             # Later syncs describe an earlier copy of the same records: drop them.
-            del self.upstream[i:], self.downstream[i:], self.gapped[i:]
+            del self.upstream[i:], self.downstream[i:], self.gapped[i:], self.position[i:]
         if i < len(self.upstream) and self.upstream[i] == upstream:
             self.downstream[i] = downstream
             self.gapped[i] = self.gapped[i] or after_gap
+            # A copied record's sync says more than a position's at the same place.
+            self.position[i] = self.position[i] and position
             return
         if (
             i == len(self.upstream) >= 2
@@ -114,10 +133,12 @@ class PartitionSyncs:
             )
         ):
             self.upstream[-1], self.downstream[-1] = upstream, downstream
+            self.position[-1] = position
             return
         self.upstream.insert(i, upstream)
         self.downstream.insert(i, downstream)
         self.gapped.insert(i, after_gap)
+        self.position.insert(i, position)
 
     def translation(self, offset: int) -> Translation | None:
         """Target position of source `offset` (see the module docstring).
@@ -131,15 +152,18 @@ class PartitionSyncs:
         upstream, downstream = self.upstream[i], self.downstream[i]
         if offset == upstream:
             return Translation(downstream, True)
+        # Past a copied record's sync, the next record lands one further; past a
+        # position's, the first record at or after it lands at the position's offset.
+        step = 0 if self.position[i] else 1
         if i + 1 < len(self.upstream):
             following = self.downstream[i + 1]
             if self.gapped[i + 1]:
                 # Syncs in between are gone: only "after the synced record" is proven.
-                return Translation(min(downstream + 1, following), False)
+                return Translation(min(downstream + step, following), False)
             return Translation(min(downstream + (offset - upstream), following), True)
-        if offset == upstream + 1:
+        if offset == upstream + 1 and step:
             return Translation(downstream + 1, True)
-        return Translation(downstream + 1, False)
+        return Translation(downstream + step, False)
 
     def translate(self, offset: int) -> int | None:
         """Target offset of the first copied record at or after source `offset`, or None.
@@ -176,6 +200,7 @@ class OffsetSyncStore:
         log_offset: int | None = None,
         contiguous: bool = True,
         after_start: bool = False,
+        position: bool = False,
     ) -> None:
         """Add a sync read from the syncs topic.
 
@@ -183,7 +208,8 @@ class OffsetSyncStore:
         together (mm2py's mark, see `formats.CONTIGUOUS_SYNC_HEADER`): only between two
         such syncs are the records in between known to be contiguous. `after_start`:
         the first sync of its writer after a start (`formats.AFTER_START_SYNC_HEADER`),
-        so syncs just before it may never have been written.
+        so syncs just before it may never have been written. `position`: a sync of a
+        source position, not of a copied record (`formats.POSITION_SYNC_HEADER`).
         """
         key = (sync.topic, sync.partition)
         if log_offset is not None:
@@ -197,7 +223,7 @@ class OffsetSyncStore:
         after_gap = after_gap or after_start or not (contiguous and self._contiguous.get(key, True))
         self._gaps_at[key] = self._log_gaps
         self._contiguous[key] = contiguous
-        syncs.add(sync.upstream_offset, sync.downstream_offset, after_gap)
+        syncs.add(sync.upstream_offset, sync.downstream_offset, after_gap, position)
 
     def add_all(self, syncs: Iterable[OffsetSync]) -> None:
         for sync in syncs:

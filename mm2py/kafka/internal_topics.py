@@ -23,6 +23,7 @@ from mm2py.compat.formats import (
     OffsetSync,
     is_after_start_sync,
     is_contiguous_sync,
+    is_position_sync,
 )
 from mm2py.compat.offsets import OffsetSyncStore
 from mm2py.kafka.reader import READ_TIMEOUT, TopicReader
@@ -95,6 +96,7 @@ class OffsetSyncTail:
             msg.offset(),
             contiguous=is_contiguous_sync(headers),
             after_start=is_after_start_sync(headers),
+            position=is_position_sync(headers),
         )
 
 

@@ -172,3 +172,45 @@ def test_the_first_sync_after_a_start_proves_nothing_about_the_span_before_it() 
     trusting.add(OffsetSync("t", 0, 0, 0))
     trusting.add(OffsetSync("t", 0, 50, 48))
     assert trusting.translation("t", 0, 30) == Translation(30, exact=True)
+
+
+def test_a_position_sync_proves_a_group_at_the_end_past_markers_and_nothing_beyond() -> None:
+    # Records 0..249 copied to 0..249, then a commit marker at 250: a group that read
+    # everything sits at 251. The writer syncs that position: (251, 250).
+    syncs = _syncs((0, 0), (249, 249))
+    assert syncs.translation(251) == Translation(250, exact=False)  # issue 24: not proven
+    syncs.add(251, 250, position=True)
+    assert syncs.translation(251) == Translation(250, exact=True)
+    assert syncs.translation(250) == Translation(250, exact=True)  # the marker's offset
+    assert syncs.translation(249) == Translation(249, exact=True)
+    # No record is known at 251: 252 may be past it, or not (251 aborted, say).
+    assert syncs.translation(252) == Translation(250, exact=False)
+    assert syncs.translation(300) == Translation(250, exact=False)
+    # 251 was a record, copied to 250: synced as a record, 252 is exact again.
+    syncs.add(251, 250)
+    assert syncs.position == [False, False, False]
+    assert syncs.translation(252) == Translation(251, exact=True)
+
+
+def test_a_position_sync_continues_into_the_records_copied_after_it() -> None:
+    # Position (251, 250); then aborted records 251..260 and their marker 261: the next
+    # record, 262, lands at 250 (a sync there: the distance changed), 263.. after it.
+    store = OffsetSyncStore()
+    store.add(OffsetSync("t", 0, 0, 0))
+    store.add(OffsetSync("t", 0, 249, 249))
+    store.add(OffsetSync("t", 0, 251, 250), position=True)
+    store.add(OffsetSync("t", 0, 262, 250))
+    store.add(OffsetSync("t", 0, 270, 258))
+    assert [store.translation("t", 0, n) for n in (251, 252, 261, 262, 265)] == [
+        Translation(250, exact=True),
+        Translation(250, exact=True),
+        Translation(250, exact=True),
+        Translation(250, exact=True),
+        Translation(253, exact=True),
+    ]
+    # Where compaction removed syncs after a position's, only the position is proven.
+    gapped = PartitionSyncs()
+    gapped.add(0, 0)
+    gapped.add(251, 250, position=True)
+    gapped.add(300, 280, after_gap=True)
+    assert gapped.translation(260) == Translation(250, exact=False)
