@@ -55,7 +55,8 @@ Progress is the last source offset the target acknowledged (the last record of a
 run all acknowledged, or the one before a rejected record), recorded in
 ``mm2-offsets.<source>.internal``; offset syncs follow `SyncRule` (a run's first
 record where the distance changes; its last when acknowledged, at most once a second
-a partition, and at each progress commit). Everything here
+a partition, and at each progress commit; the source consumer's position, when it
+passed offsets a partition ends with, checked by `update_lag`). Everything here
 runs on the one thread that owns the loop, except `failed_partitions()` and
 reading the statistics.
 
@@ -204,6 +205,10 @@ class PartitionState:
     # there counts as acknowledged.
     failed_at: int = AFTER_RESET
     careful: bool = False  # a delivery report for every record (see the module doc)
+    # Where the consumer was sent anew for this partition (a copy again, an assignment
+    # after its topic was created again): until a record at or past it is read, the
+    # consumer's position may still be the one before (a seek takes effect later).
+    sought: int = -1
     acking: Run | None = None  # the run whose delivery reports come now
     gone: bool = False  # its source topic was deleted; unassigned until it exists again
     failed_size: int = 0
@@ -356,6 +361,7 @@ class CopyLoop:
                 # offset (beyond the new topic's end, the consumer starts at its earliest).
                 state.gone = False
                 stored: int | None = state.acked if state.acked >= 0 else None
+                state.sought = max(state.read, state.acked) + 1
             else:
                 state = PartitionState(
                     p.topic,
@@ -892,6 +898,7 @@ class CopyLoop:
                 syncs=old.syncs,
                 careful=True,
                 gone=old.gone,
+                sought=old.failed_at,
             )
             self.by_source[where] = state
             if not state.gone:  # else `assign` starts it after its progress
@@ -1060,14 +1067,50 @@ class CopyLoop:
         if syncs is not None:
             syncs.poll()
 
+    def _sync_positions(self, ending: list[PartitionState]) -> None:
+        """Sync the source consumer's position of each partition of `ending` whose every
+        record read is copied (exactly-once: committed) when the consumer skipped offsets
+        after the last one (`SyncRule.on_position`): a group that read the partition to
+        its end sits there. One `position()` call for the partitions that qualify; not
+        for one sent elsewhere since its last record read (`PartitionState.sought`): its
+        position may still be past records to be copied again (seen: a position sync
+        past a run copied again made its records translate to the first copy)."""
+        if self.syncs is None:
+            return
+        idle = []
+        for state in ending:
+            # Progress: the last record acknowledged; exactly-once, committed with it.
+            copied = state.acked if self._txn is None else state.committed
+            if (
+                state.acked_downstream >= 0  # copied since this loop started
+                and copied == state.acked >= state.read >= state.sought
+                and state.failed_at == AFTER_RESET
+                and state.failure is None
+                and not state.gone
+            ):
+                idle.append(state)
+        if not idle:
+            return
+        tps = self.consumer.position([TopicPartition(s.topic, s.partition) for s in idle])
+        for state, tp in zip(idle, tps, strict=True):
+            if tp.offset < 0:
+                continue  # no position yet
+            for sync in state.syncs.on_position(tp.offset, state.acked, state.acked_downstream):
+                self.syncs.write(state.topic, state.partition, *sync)
+        self.syncs.poll()
+
     def _progress_written(self, where: SourcePartition, offset: int) -> None:
         state = self.by_source[where]
         state.committed = max(state.committed, offset)
 
     def update_lag(self) -> None:
-        """Source end offset minus the next offset to copy, per partition."""
+        """Source end offset minus the next offset to copy, per partition; and the offset
+        syncs of positions past offsets a partition ends with (`SyncRule.wants_position`:
+        the consumer's position is asked for only where the end offset is past the last
+        copied record's next offset and past the last position synced)."""
         # A paused partition is not fetched, so its cached end offset would stand still.
         cached = not self.paused
+        ending = []
         for state in self.by_source.values():
             if state.gone:
                 continue
@@ -1081,6 +1124,10 @@ class CopyLoop:
                 continue
             nxt = state.acked + 1 if state.acked >= 0 else low
             state.stats.lag = max(high - max(nxt, low), 0)
+            if state.syncs.wants_position(high, state.acked):
+                ending.append(state)
+        if ending:
+            self._sync_positions(ending)
 
     def _watch_behind(self, state: PartitionState, low: int, high: int) -> None:
         """Watch a partition whose log start offset passed the records read so far: the

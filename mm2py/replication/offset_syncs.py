@@ -10,7 +10,15 @@ source partition:
 - for the latest copied record whenever progress is recorded, and at once when a run
   of records is acknowledged if the partition's last such sync is LATEST_SYNC_INTERVAL
   old or more (a copy that catches up after a pause is proven to its last record right
-  away, not at the next progress commit; at most one more sync a second a partition);
+  away, not at the next progress commit; at most one more sync a second a partition),
+- for the source consumer's position, when every record read is copied (exactly-once:
+  committed) and the position is past the last one's next offset (the partition ends,
+  for now, with transaction markers, aborted or compacted-away records): (position,
+  last record's target offset + 1), marked as a position's (`POSITION_SYNC_HEADER`).
+  A group that read everything sits at that position; without it no sync proved where
+  it is until the next record was copied (issue 24). The copy loop asks the consumer
+  for a partition's position only where its end offset, looked at every second to
+  measure lag, is past both (`SyncRule.wants_position`), never in the copy's hot path;
 
 and the first one of a partition after a start is marked as such: a writer killed
 before it sent its last syncs leaves nothing proven between the sync before that one
@@ -31,7 +39,12 @@ from typing import Any
 from confluent_kafka.admin import AdminClient
 
 from mm2py.compat.flow import FlowRules
-from mm2py.compat.formats import AFTER_START_SYNC_HEADER, CONTIGUOUS_SYNC_HEADER, OffsetSync
+from mm2py.compat.formats import (
+    AFTER_START_SYNC_HEADER,
+    CONTIGUOUS_SYNC_HEADER,
+    POSITION_SYNC_HEADER,
+    OffsetSync,
+)
 from mm2py.kafka.produce import produce_when_room
 from mm2py.kafka.topics import ensure_internal_topic
 
@@ -50,12 +63,13 @@ LATEST_SYNC_INTERVAL = 1.0
 class SyncRule:
     """When one source partition's copy needs an offset sync (pure)."""
 
-    __slots__ = ("delta", "latest_at", "synced")
+    __slots__ = ("delta", "latest_at", "position", "synced")
 
     def __init__(self) -> None:
         self.delta: int | None = None  # source minus target offset at the last sync
-        self.synced = -1  # upstream offset of the last sync
+        self.synced = -1  # upstream offset of the last sync of a record
         self.latest_at = float("-inf")  # when `on_acknowledged` last asked for a sync
+        self.position = -1  # the last source position synced (`on_position`)
 
     def on_copied(self, upstream: int, downstream: int) -> bool:
         """A record was acknowledged at `downstream`: True if it needs a sync (the first
@@ -76,6 +90,38 @@ class SyncRule:
         self.synced = upstream
         self.latest_at = now
         return True
+
+    def wants_position(self, end: int, upstream: int) -> bool:
+        """The source partition's end offset is `end` and the last record copied is at
+        `upstream`: True if the consumer may have skipped offsets up to the end that no
+        position sync covers yet (ask for its position, then `on_position`). Cheap: the
+        copy loop asks every partition once a second."""
+        return end > upstream + 1 and end > self.position
+
+    def on_position(
+        self, position: int, upstream: int, downstream: int
+    ) -> tuple[tuple[int, int, bool], ...]:
+        """Every record read is copied (exactly-once: committed), the last one from source
+        offset `upstream` to target offset `downstream`, and the source consumer's
+        position is `position`. When the consumer skipped offsets after `upstream`
+        (transaction markers, aborted or compacted-away records) and no sync covers
+        `position` yet: the syncs to write, in order, as (upstream, downstream, is a
+        position's): the last record's if not synced yet (after the position's, the
+        store would take it for a copy again and drop the position's), then
+        (position, downstream + 1).
+
+        The next record copied, at `position` and `downstream + 1`, continues it (no sync
+        for a new distance) but is still synced as a record (`synced` stays below it), so
+        a group that reads it is proven to be past it."""
+        skipped = position > upstream + 1
+        if not skipped or position <= self.position or position <= self.synced:
+            return ()
+        self.delta = position - (downstream + 1)
+        self.position = position
+        if upstream > self.synced:
+            self.synced = upstream
+            return ((upstream, downstream, False), (position, downstream + 1, True))
+        return ((position, downstream + 1, True),)
 
     def on_progress(self, upstream: int) -> bool:
         """Progress is recorded up to `upstream`: True if that record needs a sync."""
@@ -98,15 +144,20 @@ class OffsetSyncWriter:
         if err is not None:
             self.failures.append(err.str())
 
-    def write(self, topic: str, partition: int, upstream: int, downstream: int) -> None:
+    def write(
+        self, topic: str, partition: int, upstream: int, downstream: int, position: bool = False
+    ) -> None:
         """Send one sync (waits for room when the producer's queue is full); the first
-        of a partition carries AFTER_START_SYNC_HEADER too."""
+        of a partition carries AFTER_START_SYNC_HEADER too, a `position` sync (of a
+        source position, not of a record: `SyncRule.on_position`) POSITION_SYNC_HEADER."""
         sync = OffsetSync(topic, partition, upstream, downstream)
         args = (self.topic, sync.encode_value(), sync.encode_key(), 0)
         headers = [CONTIGUOUS_SYNC_HEADER]
         if (topic, partition) not in self._started:
             self._started.add((topic, partition))
             headers.append(AFTER_START_SYNC_HEADER)
+        if position:
+            headers.append(POSITION_SYNC_HEADER)
         kwargs = {"headers": headers, "on_delivery": self._delivered}
         produce_when_room(self._producer, args, kwargs)
 

@@ -16,7 +16,12 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
-from mm2py.compat.formats import AFTER_START_SYNC_HEADER, CONTIGUOUS_SYNC_HEADER, OffsetSync
+from mm2py.compat.formats import (
+    AFTER_START_SYNC_HEADER,
+    CONTIGUOUS_SYNC_HEADER,
+    POSITION_SYNC_HEADER,
+    OffsetSync,
+)
 from mm2py.replication import copy_loop
 from mm2py.replication.client_settings import (
     CONSUMER_REQUIRED,
@@ -86,10 +91,27 @@ class FakeConsumer:
         self.assigned: list[TopicPartition] = []
         self.paused: list[tuple[str, int]] = []
         self.seeks: list[tuple[str, int, int]] = []
+        # Past the last record handed out, as librdkafka moves it past the transaction
+        # markers and aborted records that follow; set by the test. And end offsets.
+        self.positions: dict[tuple[str, int], int] = {}
+        self.ends: dict[tuple[str, int], int] = {}
+        self.position_calls: list[list[tuple[str, int]]] = []
 
     def consume(self, n: int, timeout: float) -> list[Record]:
         out, self.queued = self.queued[:n], self.queued[n:]
+        for r in out:
+            where = (r.topic(), r.partition())
+            self.positions[where] = max(self.positions.get(where, 0), r.offset() + 1)
         return out
+
+    def position(self, tps: list[TopicPartition]) -> list[TopicPartition]:
+        self.position_calls.append([(tp.topic, tp.partition) for tp in tps])
+        return [
+            TopicPartition(
+                tp.topic, tp.partition, self.positions.get((tp.topic, tp.partition), -1001)
+            )
+            for tp in tps
+        ]
 
     def poll(self, timeout: float) -> Record | None:
         return self.queued.pop(0) if self.queued else None
@@ -117,7 +139,7 @@ class FakeConsumer:
         pass
 
     def get_watermark_offsets(self, tp: TopicPartition, timeout: float, cached: bool) -> Any:
-        return (0, 100)
+        return (0, self.ends.get((tp.topic, tp.partition), 100))
 
 
 class FakeProducer:
@@ -224,18 +246,20 @@ def _queue(loop: CopyLoop, *offsets: int, topic: str = "t", partition: int = 0) 
     loop.consumer.queued += [Record(topic, partition, o) for o in offsets]
 
 
-def _syncs(loop: CopyLoop) -> list[tuple[str, int, int, int]]:
+def _syncs(loop: CopyLoop, positions: tuple[int, ...] = ()) -> list[tuple[str, int, int, int]]:
     """The offset syncs written, decoded, in order (each partition's first marked as the
-    first after a start)."""
+    first after a start; those at the indexes `positions` as syncs of a position)."""
     assert loop.syncs is not None
     fake: FakeProducer = loop.syncs._producer
     fake.poll()
     out = []
-    for record in fake.written:
+    for i, record in enumerate(fake.written):
         assert record.topic() == "mm2-offset-syncs.B.internal" and record.partition() == 0
         sync = OffsetSync.decode(record.key(), record.value())
         first = all((t, p) != (sync.topic, sync.partition) for t, p, _u, _d in out)
         marks = [CONTIGUOUS_SYNC_HEADER, *([AFTER_START_SYNC_HEADER] if first else [])]
+        if i in positions:
+            marks.append(POSITION_SYNC_HEADER)
         assert record.headers() == marks
         out.append((sync.topic, sync.partition, sync.upstream_offset, sync.downstream_offset))
     return out
@@ -429,6 +453,11 @@ def test_a_foreign_record_inside_a_run_shows_at_its_last_report_and_it_is_copied
     assert loop.consumer.seeks == []  # type: ignore[attr-defined]
     loop.copy_batch(_never)  # nothing new came: it starts partition 0 again at offset 1
     assert loop.consumer.seeks == [("t", 0, 1)]  # type: ignore[attr-defined]
+    # The consumer's position may still be the one before the seek (10), past a marker
+    # at 8, say: no position sync until a record after the seek is read.
+    loop.consumer.positions[("t", 0)] = 10  # type: ignore[attr-defined]
+    loop.update_lag()
+    assert loop.consumer.position_calls == [[("t", 1)]]  # type: ignore[attr-defined]
     # The copy again lands after the 12 records now on A.t-0, a foreign one before its 3rd.
     producer.foreign_before = {producer.calls + 2: 1}
     _queue(loop, *range(1, 10))
@@ -567,6 +596,86 @@ def test_sync_rule_syncs_an_acknowledged_copy_at_once_at_most_once_a_second() ->
     assert not rule.on_acknowledged(450, 101.5)  # synced by progress
     assert rule.on_acknowledged(460, 101.0 + LATEST_SYNC_INTERVAL)
     assert not rule.on_progress(460)
+
+
+def test_sync_rule_syncs_a_position_past_offsets_skipped_at_the_end() -> None:
+    """Issue 24: a partition that ends with a transaction marker (or aborted records) left
+    a group that read everything past the last copied record, where no sync proved it."""
+    rule = SyncRule()
+    assert rule.on_copied(0, 0)
+    assert not rule.wants_position(250, 249)  # the source ends with the last record copied
+    assert rule.wants_position(251, 249)
+    assert rule.on_position(250, 249, 249) == ()  # the next offset: nothing skipped
+    # Record 249's sync not written yet (within the second): it goes first.
+    assert rule.on_position(251, 249, 249) == ((249, 249, False), (251, 250, True))
+    assert rule.on_position(251, 249, 249) == ()  # once
+    assert not rule.wants_position(251, 249)
+    assert not rule.on_progress(249)
+    # More skipped later (an aborted transaction, its marker): the new position.
+    assert rule.on_position(262, 249, 249) == ((262, 250, True),)
+    # The record at 262 continues the position's sync (same distance) but is synced as
+    # a record when acknowledged, and only a later skip asks for a position again.
+    assert not rule.on_copied(262, 250)
+    assert rule.on_progress(262)
+    assert rule.on_position(263, 262, 250) == ()
+    assert rule.on_position(265, 262, 250) == ((265, 251, True),)
+    assert rule.on_copied(270, 251)  # the distance changed again
+
+
+def test_a_partition_ending_past_its_last_record_gets_its_position_synced_once() -> None:
+    loop, producer = _loop()
+    loop.assign([NewPartition("t", 0, "A.t"), NewPartition("t", 1, "A.t")], {})
+    _queue(loop, 0, 1, 2)
+    _queue(loop, 0, 1, partition=1)
+    assert loop.copy_batch(_never)
+    _queue(loop, 3, 4)
+    assert loop.copy_batch(_never)
+    producer.poll()
+    # t-0 ends with a marker at 5; t-1 with its last record: its position is not asked.
+    loop.consumer.positions[("t", 0)] = loop.consumer.ends[("t", 0)] = 6  # type: ignore[attr-defined]
+    loop.consumer.ends[("t", 1)] = 2  # type: ignore[attr-defined]
+    loop.update_lag()
+    assert loop.consumer.position_calls == [[("t", 0)]]  # type: ignore[attr-defined]
+    # Each first run's last record is synced when acknowledged; the second run of t-0
+    # came within a second: its last, (4, 4), is synced before the position's (6, 5).
+    assert _syncs(loop, positions=(5,)) == [
+        ("t", 0, 0, 0),
+        ("t", 0, 2, 2),
+        ("t", 1, 0, 0),
+        ("t", 1, 1, 1),
+        ("t", 0, 4, 4),
+        ("t", 0, 6, 5),
+    ]
+    loop.update_lag()  # synced up to the end: not asked again
+    loop.commit_progress()
+    assert len(_syncs(loop, positions=(5,))) == 6
+    assert len(loop.consumer.position_calls) == 1  # type: ignore[attr-defined]
+    # A record in flight: its partition is not asked for until it is acknowledged.
+    producer.hold = True
+    _queue(loop, 6)
+    loop.consumer.ends[("t", 0)] = 9  # type: ignore[attr-defined]
+    assert loop.copy_batch(_never)
+    loop.update_lag()
+    assert len(loop.consumer.position_calls) == 1  # type: ignore[attr-defined]
+    producer.hold = False
+    producer.poll()
+    loop.commit_progress()
+    # Where the position was: same distance (no sync at the copy), synced as a record.
+    assert _syncs(loop, positions=(5,))[6:] == [("t", 0, 6, 5)]
+
+
+def test_exactly_once_syncs_a_position_only_once_its_records_are_committed() -> None:
+    loop, producer = _eos_loop()
+    loop.assign([NewPartition("t", 0, "A.t")], {})
+    _queue(loop, 0, 1, 2)
+    loop.copy_batch(_never)
+    producer.poll()
+    loop.consumer.positions[("t", 0)] = loop.consumer.ends[("t", 0)] = 4  # type: ignore[attr-defined]
+    loop.update_lag()  # acknowledged, not committed: nothing
+    assert _syncs(loop) == []
+    loop.commit_transaction()
+    loop.update_lag()
+    assert _syncs(loop, positions=(2,)) == [("t", 0, 0, 0), ("t", 0, 2, 2), ("t", 0, 4, 3)]
 
 
 def test_many_partitions_are_counted_not_listed() -> None:
