@@ -29,6 +29,7 @@ from tests.integration.test_failover import EXACTLY_ONCE, MODES, Mode, wait_copi
 from tests.kafka_helpers import (
     commit_offsets,
     create_topic,
+    end_offsets,
     end_transaction,
     produce,
     read_all,
@@ -94,6 +95,48 @@ def _translate(config: Path, group: str, *args: str) -> subprocess.CompletedProc
     cmd = [sys.executable, "-m", "mm2py.cli", "translate-offsets", str(config)]
     cmd += ["--source", "A", "--target", "B", "--group", group, *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def _apply_until_exact(config: Path, b: LocalCluster, group: str) -> None:
+    """`translate-offsets --apply` at once and every 2 s until it exits 0 (within 60 s),
+    nothing committed on B before; prints each run's rows and when it came."""
+    runs: list[tuple[float, int, str]] = []
+    started = time.monotonic()
+    while True:
+        done = _translate(config, group, "--apply", "--json")
+        runs.append((time.monotonic() - started, done.returncode, done.stdout))
+        assert done.returncode in (0, 1), done.stderr
+        if done.returncode == 0:
+            break
+        # Nothing is committed before every position is proven exact.
+        assert _group_offsets(b, group) == {}, runs
+        assert time.monotonic() - started < 60, runs
+        time.sleep(2)
+    for seconds, code, out in runs:
+        rows = [
+            (r["partition"], r["downstream_offset"], r["status"]) for r in json.loads(out)["rows"]
+        ]
+        print(f"{group}: {seconds:.1f}s after the first run: exit {code}: {rows}")
+
+
+def _first_read(b: LocalCluster, group: str, topic: str, partitions: int) -> dict[int, Any]:
+    """The value of the first record `group` reads from each partition of `topic` on B
+    (read_committed, from its committed offsets; 60 s at most)."""
+    first: dict[int, Any] = {}
+    consumer = clients.consumer(
+        b.client_properties(),
+        {"group.id": group, "enable.auto.commit": False, "isolation.level": "read_committed"},
+    )
+    consumer.subscribe([topic])
+    try:
+        deadline = time.monotonic() + 60
+        while len(first) < partitions and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                first.setdefault(msg.partition() or 0, msg.value())
+    finally:
+        consumer.close()
+    return first
 
 
 @contextmanager
@@ -365,7 +408,6 @@ def test_apply_right_after_catch_up_commits_the_exact_position(
         **(EXACTLY_ONCE if mode == "exactly-once" else {}),
     }
     config = _config(tmp_path, cluster_a, cluster_b, prefix, **extra)
-    runs: list[tuple[float, int, str]] = []
     with running_daemon(config):
         wait_until(
             lambda: len(_latest(cluster_b, group)) == partitions,
@@ -381,34 +423,68 @@ def test_apply_right_after_catch_up_commits_the_exact_position(
             dict.fromkeys(range(partitions), 450),
             transactional=mode == "exactly-once",
         )
-        caught_up = time.monotonic()
-        while True:
-            done = _translate(config, group, "--apply", "--json")
-            runs.append((time.monotonic() - caught_up, done.returncode, done.stdout))
-            assert done.returncode in (0, 1), done.stderr
-            if done.returncode == 0:
-                break
-            # Nothing is committed before every position is proven exact.
-            assert _group_offsets(cluster_b, group) == {}, runs
-            assert time.monotonic() - caught_up < 60, runs
-            time.sleep(2)
-    for seconds, code, out in runs:
-        rows = [
-            (r["partition"], r["downstream_offset"], r["status"]) for r in json.loads(out)["rows"]
-        ]
-        print(f"{seconds:.1f}s after catch-up: exit {code}: {rows}")
-    first: dict[int, bytes | None] = {}
-    consumer = clients.consumer(
-        cluster_b.client_properties(),
-        {"group.id": group, "enable.auto.commit": False, "isolation.level": "read_committed"},
+        _apply_until_exact(config, cluster_b, group)
+    assert _first_read(cluster_b, group, remote, partitions) == dict.fromkeys(
+        range(partitions), b"300"
     )
-    consumer.subscribe([remote])
-    try:
-        deadline = time.monotonic() + 60
-        while len(first) < partitions and time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is not None and msg.error() is None:
-                first.setdefault(msg.partition() or 0, msg.value())
-    finally:
-        consumer.close()
-    assert first == dict.fromkeys(range(partitions), b"300")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_apply_at_a_partition_end_past_transaction_markers_commits_the_end(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path, mode: Mode
+) -> None:
+    """Issue 24, part 1: partitions that end with a committed transaction (0 and 1) and
+    with an aborted one (2). A group that read everything sits past the last record,
+    behind markers and aborted records no record's sync covers: once B holds every
+    record, `--apply` (at once, then every 2 s) exits 0 and puts the group at B's end.
+    Then the daemon is killed and started again, and a second group, committed at the end
+    meanwhile, is applied the same way (the syncs are read again). A record produced
+    afterwards is the first either group reads on B."""
+    prefix = f"cp-end-{uuid.uuid4().hex[:8]}"
+    topic, group, later = f"{prefix}-t", f"{prefix}-g", f"{prefix}-g2"
+    remote = f"A.{topic}"
+    partitions = 3
+    create_topic(cluster_a, topic, partitions=partitions)
+    produce(cluster_a, topic, [(p, None, b"plain") for _ in range(100) for p in range(partitions)])
+    producer = Producer(dict(cluster_a.client_properties(), **{"transactional.id": f"tx-{topic}"}))
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for _ in range(20):
+        for p in range(partitions):
+            producer.produce(topic, value=b"committed", partition=p)
+    end_transaction(producer, commit=True)
+    producer.begin_transaction()
+    for _ in range(10):
+        producer.produce(topic, value=b"aborted", partition=2)
+    end_transaction(producer, commit=False)
+    ends = end_offsets(cluster_a, topic)
+    # 120 records each; a commit marker (offset 120); on 2, 10 aborted and their marker.
+    assert ends == {0: 121, 1: 121, 2: 132}
+    commit_offsets(cluster_a, group, {(topic, p): end for p, end in ends.items()})
+    transactional = mode == "exactly-once"
+    extra = {
+        "emit.checkpoints.interval.seconds": "2",
+        **(EXACTLY_ONCE if transactional else {}),
+    }
+    config = _config(tmp_path, cluster_a, cluster_b, prefix, **extra)
+    with running_daemon(config):
+        wait_copied(
+            cluster_b, remote, dict.fromkeys(range(partitions), 120), transactional=transactional
+        )
+        _apply_until_exact(config, cluster_b, group)
+    # One past each partition's last record on B (exactly-once: its commit marker's offset).
+    last = {r.partition: r.offset for r in read_all(cluster_b, remote)}
+    at_end = {(remote, p): last[p] + 1 for p in range(partitions)}
+    assert _group_offsets(cluster_b, group) == at_end
+    commit_offsets(cluster_a, later, {(topic, p): end for p, end in ends.items()})
+    with running_daemon(config):
+        _apply_until_exact(config, cluster_b, later)
+        assert _group_offsets(cluster_b, later) == at_end
+        produce(cluster_a, topic, [(p, None, b"after") for p in range(partitions)])
+        wait_copied(
+            cluster_b, remote, dict.fromkeys(range(partitions), 121), transactional=transactional
+        )
+    for g in (group, later):
+        assert _first_read(cluster_b, g, remote, partitions) == dict.fromkeys(
+            range(partitions), b"after"
+        )
