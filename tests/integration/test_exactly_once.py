@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from mm2py.compat.formats import OffsetSync
+from mm2py.compat.formats import OffsetSync, is_position_sync
 from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka import clients
 from mm2py.kafka.internal_topics import read_offset_syncs
@@ -137,20 +137,27 @@ def test_kill_9_while_copying_leaves_every_record_once_and_syncs_on_committed_co
         time.sleep(2)
     _copy_exactly(cluster_a, cluster_b, config, topic)
     assert b"aborted" not in b"".join(r.value or b"" for r in read_all(cluster_a, topic))
-    # Every sync names a committed copy of its source record.
+    # Every sync names a committed copy of its source record; a position's (the source
+    # consumer's, past markers and aborted records) names one past the committed copy of
+    # the last record before it.
     by_offset_a = {(r.partition, r.offset): r.value for r in read_all(cluster_a, topic)}
     by_offset_b = {(r.partition, r.offset): r.value for r in read_all(cluster_b, remote)}
-    syncs = [OffsetSync.decode(r.key, r.value) for r in read_all(cluster_a, SYNCS_TOPIC)]
-    ours = [s for s in syncs if s.topic == topic]
+    syncs = [
+        (OffsetSync.decode(r.key, r.value), is_position_sync(list(r.headers)))
+        for r in read_all(cluster_a, SYNCS_TOPIC)
+    ]
+    ours = [(s, position) for s, position in syncs if s.topic == topic]
     assert ours, "no offset sync was written"
-    for sync in ours:
+    for sync, position in ours:
         where = f"sync {sync}"
-        assert (sync.partition, sync.downstream_offset) in by_offset_b, (
-            f"{where}: no committed copy there"
-        )
+        upstream, downstream = sync.upstream_offset, sync.downstream_offset
+        if position:
+            upstream = max(o for p, o in by_offset_a if p == sync.partition and o < upstream)
+            downstream -= 1
+            where = f"position {where}, last record before it at {upstream}"
+        assert (sync.partition, downstream) in by_offset_b, f"{where}: no committed copy there"
         assert (
-            by_offset_b[(sync.partition, sync.downstream_offset)]
-            == by_offset_a[(sync.partition, sync.upstream_offset)]
+            by_offset_b[(sync.partition, downstream)] == by_offset_a[(sync.partition, upstream)]
         ), where
     # And translation through them never points past a record's copy; exact ones at it.
     store = read_offset_syncs(cluster_a.client_properties(), "A", SYNCS_TOPIC)

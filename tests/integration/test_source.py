@@ -16,6 +16,7 @@ from mm2py.compat.formats import (
     SourceProgressKey,
     decode_progress_value,
     is_contiguous_sync,
+    is_position_sync,
 )
 from mm2py.compat.offsets import OffsetSyncStore
 from mm2py.dev.launcher import LocalCluster
@@ -124,7 +125,7 @@ def test_aborted_transactions_are_not_copied(
         end = source_offsets[-1] + 2  # past the last commit marker
         expected = {
             n: next((i for i, o in enumerate(source_offsets) if o >= n), len(source_offsets))
-            for n in range(end)
+            for n in range(end + 1)
         }
 
         def translations() -> dict[int, int | None] | None:
@@ -133,9 +134,16 @@ def test_aborted_transactions_are_not_copied(
                 sync = OffsetSync.decode(rec.key, rec.value)
                 if sync.topic == unique:
                     # Read as the checkpoint part reads them: only marked syncs are exact.
-                    store.add(sync, contiguous=is_contiguous_sync(list(rec.headers)))
-            got = {n: store.translate(unique, 0, n) for n in range(end)}
-            return got if got == expected else None
+                    headers = list(rec.headers)
+                    store.add(
+                        sync,
+                        contiguous=is_contiguous_sync(headers),
+                        position=is_position_sync(headers),
+                    )
+            got = {n: store.translate(unique, 0, n) for n in range(end + 1)}
+            # A group that read everything, at the end past the last marker: proven too.
+            at_end = store.translation(unique, 0, end)
+            return got if got == expected and at_end is not None and at_end.exact else None
 
         wait_until(translations, what="offset syncs that translate every offset exactly")
 
