@@ -43,8 +43,11 @@ docker-engine:
 	command -v dockerd >/dev/null && command -v debootstrap >/dev/null || ($(SUDO) apt-get update \
 		&& $(SUDO) apt-get install -y --no-install-recommends docker.io debootstrap)
 
+# Two workers, each with local clusters of its own (tests/conftest.py); then, alone on
+# the machine, the few tests that measure time against a bound or another observer.
 test: jars prometheus docker-engine lint
-	$(BIN)/pytest -q -ra
+	$(BIN)/pytest -q -ra -n 2 --dist loadfile -m "not serial"
+	$(BIN)/pytest -q -ra -m serial
 
 bench: jars
 	$(BIN)/python bench/replication.py

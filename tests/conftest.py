@@ -36,7 +36,8 @@ TUNED = {"G": SHORT_CONSUMER_SESSIONS}
 
 
 # Under pytest-xdist (`make test` runs two workers), each worker has clusters of its own:
-# its ports moved up by WORKER_PORT_STEP per worker number, its own state folder.
+# worker N's ports moved up by (N + 1) x WORKER_PORT_STEP, clear of clusters already
+# running on the default ports (`make demo`'s), and a state folder of its own.
 WORKER_PORT_STEP = 100
 
 
@@ -46,7 +47,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     number = int(worker.removeprefix("gw"))
     base = int(os.environ.get(PORT_OFFSET_VARIABLE, "0"))
-    os.environ[PORT_OFFSET_VARIABLE] = str(base + number * WORKER_PORT_STEP)
+    os.environ[PORT_OFFSET_VARIABLE] = str(base + (number + 1) * WORKER_PORT_STEP)
     os.environ["MM2PY_TEST_CLUSTERS"] = f"{clusters_state_dir()}-{worker}"
 
 

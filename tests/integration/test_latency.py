@@ -41,7 +41,9 @@ from mm2py.replication.stats import LATENCY_BUCKETS
 from tests.daemon_harness import RunningDaemon, mm2_properties, running_daemon
 from tests.kafka_helpers import create_topic, wait_until
 
-pytestmark = pytest.mark.integration
+# Serial: its two observers must not wait for CPU that another test's brokers and
+# daemons hold (make test runs it alone, after the parallel tests).
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 PARTITIONS = 2
 WARM_UP_SECONDS = 10.0
