@@ -107,6 +107,12 @@ class PartitionStats:
     # record_age and latency are then `Extremes`.
     meters: Meters | None = None
 
+    def signature(self) -> tuple[object, ...]:
+        """Changes whenever anything shown of the partition may have changed: every
+        observation comes with records, and MM2's windows turn with `meters.start`."""
+        start = None if self.meters is None else self.meters.start
+        return (self.records, self.bytes, self.lag, self.skipped, start)
+
     def roll(self, now: float) -> None:
         """Turn MM2's windows of this partition when the current one is WINDOW old."""
         meters = self.meters

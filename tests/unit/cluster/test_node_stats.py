@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mm2py.cluster.task import NodeStats
+from mm2py.cluster.task import NodeStats, changed_since
 from mm2py.replication.stats import Extremes, PartitionStats, ReplicationStats
 
 
@@ -59,3 +59,42 @@ def test_mm2s_windows_stay_the_current_tasks_when_counts_continue() -> None:
     # Rates and the window's average count this task's records only, not the earlier 1000.
     assert shown.meters.rates(shown.records, shown.bytes, now) == again.meters.rates(30, 300, now)  # type: ignore[union-attr]
     assert shown.latency.measure(now).avg == pytest.approx(0.002)
+
+
+def test_a_report_carries_only_the_partitions_that_changed_and_the_node_keeps_the_rest() -> None:
+    task = ReplicationStats("A", "B")
+    for p in range(3):
+        task.partition("A.t", p).records = 10
+    sent: dict[tuple[str, int], tuple[object, ...]] = {}
+    node = NodeStats("A", "B")
+    node.update(0, changed_since(task.partitions, sent))
+    assert len(node.partitions) == 3
+    assert changed_since(task.partitions, sent) == {}  # idle: an empty report
+    task.partition("A.t", 1).lag = 4  # a gauge alone changes too
+    task.partition("A.t", 2).records = 11
+    changed = changed_since(task.partitions, sent)
+    assert sorted(changed) == [("A.t", 1), ("A.t", 2)]
+    node.update(0, changed)
+    node.update(0, {})
+    shown = {k: (s.records, s.lag) for k, s in node.partitions.items()}
+    assert shown == {("A.t", 0): (10, 0), ("A.t", 1): (10, 4), ("A.t", 2): (11, 0)}
+
+
+def test_mm2s_window_turning_is_a_change_to_report() -> None:
+    task = ReplicationStats("A", "B", mm2_names=True)
+    stats = task.partition("A.t", 0)
+    sent: dict[tuple[str, int], tuple[object, ...]] = {}
+    changed_since(task.partitions, sent)
+    assert stats.meters is not None
+    stats.roll(stats.meters.start + 31)  # no record, but the window turned
+    assert list(changed_since(task.partitions, sent)) == [("A.t", 0)]
+
+
+def test_a_tasks_partitions_are_all_it_reported_until_it_is_retired() -> None:
+    node = NodeStats("A", "B")
+    node.update(0, {("A.t", 0): _stats(1, 0), ("A.t", 2): _stats(1, 0)})
+    node.update(0, {})  # an idle report
+    node.update(0, {("A.t", 2): _stats(2, 0)})
+    assert node.task_partitions(0) == [("A.t", 0), ("A.t", 2)]
+    node.retire(0)
+    assert node.task_partitions(0) == []
