@@ -2,7 +2,7 @@
 
 mm2py's source part writes a sync at the first record it copies after a start,
 wherever source and target offsets stop advancing together, and for its latest
-copied record every second (at once when a copy catches up after a pause). So
+copied record every second. So
 between two consecutive syncs (u1, d1) and (u2, d2) of a partition the copied
 records are contiguous on the target, and the first record at or after source
 offset N is on the target at

@@ -54,8 +54,8 @@ copied without waiting for the linger.
 Progress is the last source offset the target acknowledged (the last record of a
 run all acknowledged, or the one before a rejected record), recorded in
 ``mm2-offsets.<source>.internal``; offset syncs follow `SyncRule` (a run's first
-record where the distance changes; its last when acknowledged, at most once a second
-a partition, and at each progress commit; the source consumer's position, when it
+record where the distance changes; the latest acknowledged at each progress commit;
+the source consumer's position, when it
 passed offsets a partition ends with, checked by `update_lag`). Everything here
 runs on the one thread that owns the loop, except `failed_partitions()` and
 reading the statistics.
@@ -938,8 +938,6 @@ class CopyLoop:
         # At the moment the report is served, like confluent-kafka's `msg.latency()`;
         # serving reports promptly (ACK_POLL_TIMEOUT) is what makes it exact.
         stats.latency.observe_span(now - run.ts / 1000.0, now - last_ts / 1000.0, count)
-        if self.syncs is not None and state.syncs.on_acknowledged(upstream, now):
-            self.syncs.write(state.topic, state.partition, upstream, downstream)
 
     def _fail_partition(self, state: PartitionState, offset: int, reason: str, size: int) -> None:
         """Stop a partition whose record the target rejected, naming the record.

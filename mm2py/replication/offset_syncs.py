@@ -7,10 +7,7 @@ source partition:
 - wherever the distance between source and target offsets changes (a gap on either
   side: transaction markers, aborted or compacted records on the source, another
   writer on the target),
-- for the latest copied record whenever progress is recorded, and at once when a run
-  of records is acknowledged if the partition's last such sync is LATEST_SYNC_INTERVAL
-  old or more (a copy that catches up after a pause is proven to its last record right
-  away, not at the next progress commit; at most one more sync a second a partition),
+- for the latest copied record whenever progress is recorded (every second),
 - for the source consumer's position, when every record read is copied (exactly-once:
   committed) and the position is past the last one's next offset (the partition ends,
   for now, with transaction markers, aborted or compacted-away records): (position,
@@ -53,22 +50,14 @@ from mm2py.kafka.topics import ensure_internal_topic
 OFFSET_SYNCS_TOPIC_CONFIG: Mapping[str, str] = {"min.compaction.lag.ms": str(7 * 24 * 3600 * 1000)}
 
 
-# The shortest time between two syncs of a partition's latest acknowledged record
-# written at acknowledgement (`SyncRule.on_acknowledged`), as progress is recorded every
-# second: without it, the sync that proves a copy's last records waited for the next
-# progress commit (up to 1 s), and a checkpoint written meanwhile was not exact (issue 24).
-LATEST_SYNC_INTERVAL = 1.0
-
-
 class SyncRule:
     """When one source partition's copy needs an offset sync (pure)."""
 
-    __slots__ = ("delta", "latest_at", "position", "synced")
+    __slots__ = ("delta", "position", "synced")
 
     def __init__(self) -> None:
         self.delta: int | None = None  # source minus target offset at the last sync
         self.synced = -1  # upstream offset of the last sync of a record
-        self.latest_at = float("-inf")  # when `on_acknowledged` last asked for a sync
         self.position = -1  # the last source position synced (`on_position`)
 
     def on_copied(self, upstream: int, downstream: int) -> bool:
@@ -79,16 +68,6 @@ class SyncRule:
             return False
         self.delta = delta
         self.synced = upstream
-        return True
-
-    def on_acknowledged(self, upstream: int, now: float) -> bool:
-        """The copy is acknowledged up to `upstream` at `now` (seconds): True if that
-        record needs a sync at once, the last one asked for here being at least
-        LATEST_SYNC_INTERVAL old (else progress, recorded every second, syncs it)."""
-        if upstream <= self.synced or now - self.latest_at < LATEST_SYNC_INTERVAL:
-            return False
-        self.synced = upstream
-        self.latest_at = now
         return True
 
     def wants_position(self, end: int, upstream: int) -> bool:

@@ -36,7 +36,7 @@ from mm2py.replication.copy_loop import (
     Transactions,
     describe_partitions,
 )
-from mm2py.replication.offset_syncs import LATEST_SYNC_INTERVAL, OffsetSyncWriter, SyncRule
+from mm2py.replication.offset_syncs import OffsetSyncWriter, SyncRule
 from mm2py.replication.stats import ReplicationStats
 from mm2py.replication.transactions import TransactionLog
 
@@ -294,10 +294,7 @@ def test_a_gap_on_either_side_writes_a_sync_where_the_distance_changes() -> None
     loop.copy_batch(_never)
     producer.poll()
     loop.commit_progress()
-    # (1, 1): the first run's last record, synced when acknowledged (the partition's first
-    # such sync); the second run's (6, 3) came within LATEST_SYNC_INTERVAL: left to progress,
-    # which 7's sync covers.
-    assert _syncs(loop) == [("t", 0, 0, 0), ("t", 0, 1, 1), ("t", 0, 5, 2), ("t", 0, 7, 7)]
+    assert _syncs(loop) == [("t", 0, 0, 0), ("t", 0, 5, 2), ("t", 0, 7, 7)]
 
 
 def test_a_foreign_record_inside_a_careful_run_gets_a_sync_at_the_next_record() -> None:
@@ -327,7 +324,6 @@ def test_runs_split_at_source_gaps_and_partitions_interleaved_in_a_batch() -> No
     loop.commit_progress()
     assert sorted(_syncs(loop)) == [
         ("t", 0, 0, 0),
-        ("t", 0, 2, 2),  # the first run's last, when acknowledged
         ("t", 0, 7, 4),
         ("t", 0, 8, 5),
         ("t", 1, 0, 1),
@@ -414,14 +410,12 @@ def test_only_a_runs_first_and_last_records_ask_for_a_report_unless_careful() ->
     assert loop.progress.written == {("t", 0): 3, ("t", 1): 2, ("t", 2): 5}  # type: ignore[attr-defined]
     assert [loop.stats.partition("A.t", p).records for p in range(3)] == [4, 3, 1]
     assert sum(loop.stats.partition("A.t", 0).latency.counts) == 4
-    # Each run's last record is synced as it is acknowledged (its partition's first such
-    # sync), before the next partition's reports; 5 of t-2 is its first record's.
     assert _syncs(loop) == [
         ("t", 0, 0, 0),
-        ("t", 0, 3, 3),
         ("t", 1, 0, 0),
-        ("t", 1, 2, 2),
         ("t", 2, 5, 0),
+        ("t", 0, 3, 3),
+        ("t", 1, 2, 2),
     ]
 
 
@@ -583,21 +577,6 @@ def test_sync_rule_alone() -> None:
     assert not rule.on_copied(13, 6)  # same distance as the last sync: 9 - 2 = 7
 
 
-def test_sync_rule_syncs_an_acknowledged_copy_at_once_at_most_once_a_second() -> None:
-    """Issue 24: the sync proving a copy's last record waited for the next progress commit
-    (up to a second), and a checkpoint written meanwhile was not exact."""
-    rule = SyncRule()
-    assert rule.on_copied(0, 0)
-    assert rule.on_acknowledged(199, 100.0)  # the partition's first: at once
-    assert rule.on_copied(251, 250)  # a commit marker's gap
-    assert not rule.on_acknowledged(251, 100.5)  # already synced
-    assert not rule.on_acknowledged(450, 100.5)  # within a second: progress syncs it
-    assert rule.on_progress(450)
-    assert not rule.on_acknowledged(450, 101.5)  # synced by progress
-    assert rule.on_acknowledged(460, 101.0 + LATEST_SYNC_INTERVAL)
-    assert not rule.on_progress(460)
-
-
 def test_sync_rule_syncs_a_position_past_offsets_skipped_at_the_end() -> None:
     """Issue 24: a partition that ends with a transaction marker (or aborted records) left
     a group that read everything past the last copied record, where no sync proved it."""
@@ -636,19 +615,16 @@ def test_a_partition_ending_past_its_last_record_gets_its_position_synced_once()
     loop.consumer.ends[("t", 1)] = 2  # type: ignore[attr-defined]
     loop.update_lag()
     assert loop.consumer.position_calls == [[("t", 0)]]  # type: ignore[attr-defined]
-    # Each first run's last record is synced when acknowledged; the second run of t-0
-    # came within a second: its last, (4, 4), is synced before the position's (6, 5).
-    assert _syncs(loop, positions=(5,)) == [
+    # t-0's last record, (4, 4), not synced yet, is synced before the position's (6, 5).
+    assert _syncs(loop, positions=(3,)) == [
         ("t", 0, 0, 0),
-        ("t", 0, 2, 2),
         ("t", 1, 0, 0),
-        ("t", 1, 1, 1),
         ("t", 0, 4, 4),
         ("t", 0, 6, 5),
     ]
     loop.update_lag()  # synced up to the end: not asked again
-    loop.commit_progress()
-    assert len(_syncs(loop, positions=(5,))) == 6
+    loop.commit_progress()  # t-1's latest, (1, 1)
+    assert _syncs(loop, positions=(3,))[4:] == [("t", 1, 1, 1)]
     assert len(loop.consumer.position_calls) == 1  # type: ignore[attr-defined]
     # A record in flight: its partition is not asked for until it is acknowledged.
     producer.hold = True
@@ -661,7 +637,7 @@ def test_a_partition_ending_past_its_last_record_gets_its_position_synced_once()
     producer.poll()
     loop.commit_progress()
     # Where the position was: same distance (no sync at the copy), synced as a record.
-    assert _syncs(loop, positions=(5,))[6:] == [("t", 0, 6, 5)]
+    assert _syncs(loop, positions=(3,))[5:] == [("t", 0, 6, 5)]
 
 
 def test_exactly_once_syncs_a_position_only_once_its_records_are_committed() -> None:
