@@ -51,6 +51,29 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["MM2PY_TEST_CLUSTERS"] = f"{clusters_state_dir()}-{worker}"
 
 
+# The modules that take minutes (pytest --durations, 2026-11-26/27), longest first: under
+# xdist they start first, so that no worker is left with one of them at the end while
+# the other idles.
+LONGEST_MODULES = (
+    "test_faults.py",
+    "test_docker.py",
+    "test_cluster.py",
+    "test_mm2_handover.py",
+    "test_backfill.py",
+    "test_failover.py",
+    "test_exactly_once.py",
+    "test_api.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_MODULES.index(name) if name in LONGEST_MODULES else len(LONGEST_MODULES)
+
+    items.sort(key=rank)  # stable: the order within a module and among the rest is kept
+
+
 class Clusters:
     """Lazily started local clusters, by alias."""
 
