@@ -42,14 +42,14 @@ from tests.daemon_harness import RunningDaemon, mm2_properties, running_daemon
 from tests.kafka_helpers import create_topic, wait_until
 
 # Serial: its two observers must not wait for CPU that another test's brokers and
-# daemons hold (make test runs it alone, after the parallel tests).
+# daemons hold (a parallel run runs it alone, after the others: README, Tests).
 pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 PARTITIONS = 2
 # Warming up goes in rounds of WARM_UP_ROUND_SECONDS at the measured rate until a round's
 # copies have a median latency under WARM_P50_SECONDS, for at most WARM_UP_LIMIT_SECONDS:
 # brokers started a moment ago run Kafka's code before the JIT has compiled it (make
-# test's serial step starts them fresh; measured here: p50 3.2 s, then 52 ms, then 24 ms
+# test may start them fresh; measured here: p50 3.2 s, then 52 ms, then 24 ms
 # in three 5,000/s runs one after the other on the same brokers).
 WARM_UP_ROUND_SECONDS = 5.0
 WARM_UP_LIMIT_SECONDS = 180.0
