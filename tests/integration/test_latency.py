@@ -48,9 +48,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.serial]
 PARTITIONS = 2
 # Warming up goes in rounds of WARM_UP_ROUND_SECONDS at the measured rate until a round's
 # copies have a median latency under WARM_P50_SECONDS, for at most WARM_UP_LIMIT_SECONDS:
-# brokers started a moment ago run Kafka's code before the JIT has compiled it (make
-# test may start them fresh; measured here: p50 3.2 s, then 52 ms, then 24 ms
-# in three 5,000/s runs one after the other on the same brokers).
+# brokers started a moment ago run Kafka's code before the JIT has compiled it (a session
+# that runs this module alone starts them fresh; measured here: p50 3.2 s, then 52 ms,
+# then 24 ms in three 5,000/s runs one after the other on the same brokers).
 WARM_UP_ROUND_SECONDS = 5.0
 WARM_UP_LIMIT_SECONDS = 180.0
 WARM_P50_SECONDS = 0.025
