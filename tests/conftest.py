@@ -66,7 +66,10 @@ LONGEST_MODULES = (
 )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("numprocesses", None):
+        return  # one process (make test): the order the suite has always run in
+
     def rank(item: pytest.Item) -> int:
         name = item.path.name
         return LONGEST_MODULES.index(name) if name in LONGEST_MODULES else len(LONGEST_MODULES)
