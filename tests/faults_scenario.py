@@ -51,6 +51,7 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from mm2py.cluster.assignment import CLASSIC_SESSION_TIMEOUT_MS
 from mm2py.dev.launcher import LocalCluster, LocalKafka
+from mm2py.dev.processes import process_tree
 from mm2py.kafka import clients
 from tests.daemon_harness import RunningDaemon, mm2_properties, running_daemon
 from tests.kafka_helpers import create_topic, read_all
@@ -262,25 +263,6 @@ class NumberedProducer:
 
 
 # -- processes: nodes and brokers -----------------------------------------------------------
-
-
-def _children(pid: int) -> list[int]:
-    kids: list[int] = []
-    with contextlib.suppress(OSError):
-        for thread in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{thread}/children") as f:
-                kids.extend(int(k) for k in f.read().split())
-    return kids
-
-
-def process_tree(pid: int) -> list[int]:
-    """`pid` and its descendants alive now, parents first."""
-    tree, todo = [], [pid]
-    while todo:
-        current = todo.pop(0)
-        tree.append(current)
-        todo.extend(_children(current))
-    return tree
 
 
 def _signal_all(pids: Sequence[int], sig: int) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import sys
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -32,6 +31,8 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
 from mm2py.backfill.copier import RangeTask, copy_range
+from mm2py.backfill.environment import ExecutorPython, PythonEnvironmentError, executor_python
+from mm2py.backfill.failures import task_failure_line
 from mm2py.backfill.plan import (
     DEFAULT_RANGE_RECORDS,
     MIB,
@@ -80,6 +81,7 @@ class BackfillOptions:
     from_ms: int | None = None  # None: from the earliest offset
     until_ms: int | None = None  # None: up to the end when the backfill starts
     master: str | None = None  # None: spark-submit's master, else local[*]
+    python_env: str | None = None  # the executors' packed environment; None: see environment
     range_records: int = DEFAULT_RANGE_RECORDS
     parallelism: int | None = None  # ranges copying at once; None: Spark's default parallelism
 
@@ -173,7 +175,9 @@ def run_backfill(
             task_for = _task_factory(
                 flow, rules, source, target, syncs_cluster, syncs_topic, remote_of
             )
-            sc = spark_context(options.master, f"mm2py backfill {flow.name}")
+            sc, executors = spark_context(
+                options.master, f"mm2py backfill {flow.name}", options.python_env
+            )
             summary.parallelism = options.parallelism or max(sc.defaultParallelism, 1)
             copy_started = time.monotonic()
             _copy_ranges(
@@ -186,6 +190,7 @@ def run_backfill(
                 copy_started,
                 queue_extra=options.parallelism is None,
                 target_consumer_props=target.librdkafka("consumer"),
+                executors=executors,
             )
             summary.copy_seconds = time.monotonic() - copy_started
     finally:
@@ -278,8 +283,11 @@ def read_bounds(
 # -- Spark ------------------------------------------------------------------------
 
 
-def spark_context(master: str | None, app_name: str) -> Any:
-    """The SparkContext: spark-submit's if it runs us, else a new one on `master` or local[*]."""
+def spark_context(
+    master: str | None, app_name: str, python_env: str | None = None
+) -> tuple[Any, ExecutorPython]:
+    """The SparkContext (spark-submit's if it runs us, else a new one on `master` or
+    local[*]) and the Python its executors run (shipped with the job where needed)."""
     try:
         from pyspark import SparkConf, SparkContext
     except ImportError:
@@ -291,14 +299,23 @@ def spark_context(master: str | None, app_name: str) -> Any:
         master = "local[*]"
     if master is not None:
         conf.setMaster(master)
-    local = conf.get("spark.master", "").startswith("local")
-    if local:
-        # Executors are this machine's Python: the one that runs mm2py.
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    try:
+        executors = executor_python(conf, python_env)
+    except PythonEnvironmentError as exc:
+        raise BackfillError(str(exc)) from None
+    log.info("Spark executors run %s", executors.describe())
+    if executors.archive is not None:
+        shipped = [a for a in conf.get("spark.archives", "").split(",") if a]
+        conf.set("spark.archives", ",".join([*shipped, executors.archive]))
+    # SparkContext reads it when it starts; the executors start this path.
+    os.environ["PYSPARK_PYTHON"] = executors.python
+    if conf.get("spark.master", "").startswith("local"):
         conf.setIfMissing("spark.ui.enabled", "false")
-        conf.setIfMissing(
-            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={SPARK_LOG_CONFIG}"
-        )
+    # Spark's own log lines stay out of the output (no effect under spark-submit, whose
+    # driver JVM runs already).
+    conf.setIfMissing(
+        "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={SPARK_LOG_CONFIG}"
+    )
     conf.setAppName(app_name)
     conf.setIfMissing("spark.ui.showConsoleProgress", "false")
     # A speculative second attempt of a range would write the same partition twice at once.
@@ -306,7 +323,7 @@ def spark_context(master: str | None, app_name: str) -> Any:
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel("ERROR")
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    return sc
+    return sc, executors
 
 
 def _run_on_spark(sc: Any, task: RangeTask) -> RangeResult:
@@ -367,6 +384,7 @@ def _copy_ranges(
     started: float,
     queue_extra: bool,
     target_consumer_props: Mapping[str, str],
+    executors: ExecutorPython,
 ) -> None:
     """Keep `summary.parallelism` ranges copying (each records its own progress)."""
     scheduler = RangeScheduler(plan.ranges)
@@ -398,7 +416,7 @@ def _copy_ranges(
                     result = future.result()
                 except Exception as exc:
                     log.debug("copying %s failed", r, exc_info=True)
-                    raise BackfillError(_task_failure(exc, r)) from None
+                    raise BackfillError(_task_failure(exc, r, executors)) from None
                 scheduler.finished(r)
                 progress.add(result)
                 if result.interleaved:
@@ -502,17 +520,9 @@ def _record_progress(
         )
 
 
-_COPY_ERROR = re.compile(r"RangeCopyError: (.+)")
-
-
-def _task_failure(exc: Exception, r: OffsetRange) -> str:
-    """One line for a failed Spark task: the copier's own message when there is one."""
-    text = str(exc)
-    found = _COPY_ERROR.findall(text)
-    if found:
-        return str(found[-1]).strip()
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return f"copying {r} failed: {lines[-1] if lines else type(exc).__name__}"
+def _task_failure(exc: Exception, r: OffsetRange, executors: ExecutorPython) -> str:
+    """One line for a failed Spark task (see `failures`)."""
+    return task_failure_line(str(exc), str(r), executors.describe())
 
 
 # -- the summary ------------------------------------------------------------------

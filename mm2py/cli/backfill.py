@@ -28,9 +28,10 @@ def run(args: argparse.Namespace) -> int:
         topics,
         start,
         end,
-        args.master,
-        args.range_records,
-        args.parallelism,
+        master=args.master,
+        python_env=args.python_env,
+        range_records=args.range_records,
+        parallelism=args.parallelism,
     )
     tty = sys.stderr.isatty()
 
@@ -93,6 +94,15 @@ def add_parser(sub: Subparsers) -> None:
         "--master",
         default=None,
         help="Spark master (default: spark-submit's, else local[*])",
+    )
+    p.add_argument(
+        "--python-env",
+        default=None,
+        metavar="ARCHIVE",
+        help="the executors' Python: a packed environment (.tar.gz with bin/python, e.g. "
+        "from venv-pack or conda-pack; a path or URI) shipped with the job. Default on a "
+        "cluster: this Python and mm2py, packed once and cached, unless PYSPARK_PYTHON, "
+        "spark.pyspark.python or spark.archives is set",
     )
     p.add_argument(
         "--range-records",

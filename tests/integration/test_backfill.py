@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import signal
 import subprocess
 import sys
 from collections import defaultdict
@@ -21,6 +18,7 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 from mm2py.compat.formats import OffsetSync, is_contiguous_sync
 from mm2py.compat.offsets import OffsetSyncStore
 from mm2py.dev.launcher import LocalCluster
+from mm2py.dev.processes import kill_tree
 from mm2py.kafka import clients
 from mm2py.replication.progress import ProgressStore
 from tests.daemon_harness import mm2_properties, running_daemon
@@ -209,24 +207,6 @@ def test_daemon_continues_after_the_backfill_without_gap_or_duplicate(
         wait_until(translations_exact, what="offset syncs exact across the hand-over")
 
 
-def _kill_tree(pid: int) -> None:
-    """SIGKILL a process and all its descendants at once, as a crash would.
-
-    Spark's Python workers run in a process group of their own and would finish
-    their task for up to a second after the driver died.
-    """
-    tree, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        tree.append(current)
-        for task in Path(f"/proc/{current}/task").glob("*"):
-            with contextlib.suppress(OSError):
-                todo += [int(c) for c in (task / "children").read_text().split()]
-    for member in tree:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(member, signal.SIGKILL)
-
-
 def _duplicated_once(got: list[tuple[object, ...]], want: list[tuple[object, ...]]) -> int:
     """0 if `got` equals `want`, else the length of the one stretch copied twice,
     back to back (`got` = want[:cut] + want[resumed:] with resumed < cut)."""
@@ -321,7 +301,7 @@ def test_killed_backfill_runs_again_without_copying_completed_ranges(
 
         wait_until(range_begun, timeout=90, interval=0.02, what="a range half copied")
     finally:
-        _kill_tree(proc.pid)
+        kill_tree(proc.pid)
         proc.wait(30)
     recorded = _progress(cluster_b, unique)
     covered = sum(p + 1 for p in recorded.values())

@@ -1,0 +1,230 @@
+"""`mm2py backfill` on a Spark standalone cluster: a master and two workers, each its own
+process, whose executors have neither mm2py nor confluent-kafka (issue 26).
+
+Nothing tells the backfill where Python is: it ships its own packed Python with the job
+(`spark.archives`), as it would to machines it has never seen.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import IsolationLevel, KafkaException
+
+from mm2py.backfill.environment import packed_environment
+from mm2py.dev.launcher import LocalCluster
+from mm2py.dev.spark import LocalSpark, worker_environment
+from tests.daemon_harness import running_daemon
+from tests.integration.test_backfill import (
+    BACKFILL_TIMEOUT,
+    _by_partition,
+    _config,
+    _expected_translations,
+    _latest_offsets,
+    _progress,
+    _syncs,
+    _transactions,
+)
+from tests.kafka_helpers import (
+    awkward_records,
+    create_topic,
+    end_offsets,
+    produce,
+    read_all,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSpark]:
+    cluster = LocalSpark(tmp_path_factory.mktemp("spark"), workers=2, cores=1, memory="1g")
+    # What the executors would start by themselves cannot run the copy.
+    for module in ("mm2py", "confluent_kafka"):
+        found = subprocess.run(
+            ["python3", "-c", f"import {module}"],
+            env=worker_environment(),
+            cwd=cluster.folder,
+            capture_output=True,
+            check=False,
+        )
+        assert found.returncode != 0, f"the workers' python3 imports {module}: not a bare cluster"
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _cluster_backfill(
+    spark: LocalSpark, config: Path, topic: str, *args: str
+) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYTHONPATH")}
+    command = [
+        sys.executable,
+        "-m",
+        "mm2py.cli",
+        "backfill",
+        str(config),
+        "--source",
+        "A",
+        "--target",
+        "B",
+        "--master",
+        spark.master_url,
+        "--topics",
+        topic,
+        *args,
+    ]
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=Path(__file__).parents[2],
+    )
+
+
+def _next_at_or_after(offsets: list[int], position: int | None) -> int | None:
+    """The first of the (ascending) record offsets at or after `position`."""
+    if position is None:
+        return None
+    return next((o for o in offsets if o >= position), None)
+
+
+def _finished(proc: subprocess.Popen[str]) -> str:
+    out, err = proc.communicate(timeout=BACKFILL_TIMEOUT * 2)
+    assert proc.returncode == 0, err[-3000:]
+    return out
+
+
+def test_the_packed_python_runs_on_its_own(tmp_path: Path) -> None:
+    archive = packed_environment()
+    assert packed_environment() == archive  # built once, then reused
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "environment", filter="tar")
+    probe = (
+        "import json, sys, confluent_kafka, mm2py.backfill.copier\n"
+        "maps = [l.split()[-1] for l in open('/proc/self/maps') if 'libpython' in l]\n"
+        "print(json.dumps([sys.prefix, sys.path, confluent_kafka.__file__, maps]))"
+    )
+    done = subprocess.run(
+        ["./environment/bin/python", "-c", probe],
+        env={"PATH": "/usr/bin:/bin"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    prefix, path, kafka_module, libpython = json.loads(done.stdout)
+    # Everything it imports comes from the archive, its libpython included.
+    inside = str(tmp_path / "environment")
+    assert prefix == inside
+    assert all(p.startswith(inside) for p in path if p)
+    assert kafka_module.startswith(inside)
+    assert libpython and all(p.startswith(inside) for p in libpython)
+
+
+def test_cluster_backfill_copies_exactly_and_the_daemon_continues(
+    spark: LocalSpark,
+    cluster_a: LocalCluster,
+    cluster_b: LocalCluster,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    create_topic(cluster_a, unique, partitions=3)
+    sent = awkward_records(600, partitions=3)  # keys, nulls, headers, timestamps
+    produce(cluster_a, unique, sent[:300])
+    _transactions(cluster_a, unique, f"tx-{unique}", "AbC")  # markers and aborted records
+    produce(cluster_a, unique, sent[300:])
+    ends = end_offsets(cluster_a, unique)
+    config = _config(tmp_path, cluster_a, cluster_b, unique)
+
+    out = _finished(_cluster_backfill(spark, config, unique, "--range-records", "70"))
+
+    source = read_all(cluster_a, unique)
+    copies = read_all(cluster_b, f"A.{unique}")
+    assert _by_partition(copies) == _by_partition(source)
+    assert len(copies) == 600 + 10
+    assert "610 records" in out
+    assert _progress(cluster_b, unique) == {p: end - 1 for p, end in ends.items()}
+    store = _syncs(cluster_a, unique)
+    for p in range(3):
+        mine = [r for r in source if r.partition == p]
+        theirs = [r for r in copies if r.partition == p]
+        expected = _expected_translations(mine, theirs)
+        # A consumer of the copy at the translated offset reads the copy of the first
+        # record at or after n next. (The translation may be a transaction marker's
+        # offset just before it: a range's transaction on a busy executor commits more
+        # than once, and such a marker takes a target offset; the consumer skips it.)
+        offsets = [r.offset for r in theirs]
+        resumes = {n: _next_at_or_after(offsets, store.translate(unique, p, n)) for n in expected}
+        assert resumes == expected
+    # The executors ran the Python the backfill shipped, unpacked in their work folders.
+    assert list(spark.folder.glob("worker*/app-*/*/environment/bin/python"))
+
+    produce(cluster_a, unique, [(i % 3, f"k{i}".encode(), f"{i}".encode()) for i in range(300)])
+    with running_daemon(config):
+        wait_until(
+            lambda: len(read_all(cluster_b, f"A.{unique}")) >= 910,
+            timeout=60,
+            what="the daemon copying what came after the backfill",
+        )
+        # No record twice, none missing, in order, across the hand-over.
+        assert _by_partition(read_all(cluster_b, f"A.{unique}")) == _by_partition(
+            read_all(cluster_a, unique)
+        )
+
+
+def test_worker_killed_mid_copy_costs_no_record_twice_and_loses_none(
+    spark: LocalSpark,
+    cluster_a: LocalCluster,
+    cluster_b: LocalCluster,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    create_topic(cluster_a, unique, partitions=2)
+    total, range_records = 2 * 60_000, 30_000
+    produce(
+        cluster_a,
+        unique,
+        [(i % 2, f"k{i}".encode(), f"{i:08d}".encode() * 64) for i in range(total)],
+        overrides={"linger.ms": 20, "batch.size": 1_000_000},
+    )
+    remote = f"A.{unique}"
+    config = _config(tmp_path, cluster_a, cluster_b, unique)
+    proc = _cluster_backfill(
+        spark, config, unique, "--range-records", str(range_records), "--parallelism", "2"
+    )
+
+    def both_copying() -> bool:
+        assert proc.poll() is None, "the backfill ended before a worker could be killed"
+        try:
+            ends = _latest_offsets(cluster_b, remote, IsolationLevel.READ_UNCOMMITTED)
+            stable = _latest_offsets(cluster_b, remote, IsolationLevel.READ_COMMITTED)
+        except (KafkaException, KeyError):
+            return False  # the remote topic is not there yet
+        # Each worker's executor is inside a range's transaction.
+        return all(ends.get(p, 0) > stable.get(p, 0) for p in (0, 1))
+
+    wait_until(both_copying, timeout=180, interval=0.05, what="both workers copying a range")
+    spark.kill_worker(0)
+
+    _finished(proc)
+
+    assert _by_partition(read_all(cluster_b, remote, timeout=60)) == _by_partition(
+        read_all(cluster_a, unique, timeout=60)
+    )
+    assert _progress(cluster_b, unique) == {0: total // 2 - 1, 1: total // 2 - 1}
+    # The killed attempt's records are on the target, aborted: read_committed readers
+    # never see them.
+    assert len(read_all(cluster_b, remote, isolation="read_uncommitted", timeout=60)) > total
