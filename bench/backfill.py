@@ -1,4 +1,5 @@
-"""Backfill benchmark: the Spark backfill (local[1], local[2]) and the daemon, in one run.
+"""Backfill benchmark: the Spark backfill (local[1], local[2], a standalone cluster of two
+workers) and the daemon, in one run.
 
     .venv/bin/python -m bench.backfill                  # 2,000,000 x 1 KiB over 8 partitions
     .venv/bin/python -m bench.backfill --quick          # 10x fewer records (smoke run)
@@ -6,13 +7,14 @@
     .venv/bin/python -m bench.backfill --systems backfill-local[2] --range-records 50000
 
 Each system copies its own pre-filled topic from A to B: `mm2py backfill` with
-`--master local[1]` and `local[2]`, and `mm2py run` (the daemon) starting from
-the earliest offset. The copy rate is measured as bench.replication measures it
-(bench.common.watch_copy), from B's high watermarks: (records - records seen at the
-first sample that shows any) / (time from that sample to the one showing all), so
-start-up (the JVM and Python workers of Spark, the daemon's imports) is excluded
-from records/s and reported apart (startup_s, and wall_s for the backfill's whole
-command).
+`--master local[1]`, `local[2]` and a standalone master with two workers of one core
+each (mm2py.dev.spark; its executors run the packed Python the backfill ships), and
+`mm2py run` (the daemon) starting from the earliest offset. The copy rate is
+measured as bench.replication measures it (bench.common.watch_copy), from B's high
+watermarks: (records - records seen at the first sample that shows any) / (time
+from that sample to the one showing all), so start-up (the JVM and Python workers
+of Spark, the daemon's imports) is excluded from records/s and reported apart
+(startup_s, and wall_s for the backfill's whole command).
 
 --data-path adds the comparison behind the backfill's design: Spark's own Kafka
 connector (spark-sql-kafka-0-10, fetched by Maven from bench/spark-kafka-pom.xml)
@@ -46,11 +48,13 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from bench.common import (
     MIB,
+    ProcessCpu,
     ReplicatorError,
     Running,
     ToolError,
     Workload,
     bench_topic,
+    cpu_per_million,
     create_topic,
     delete_topics,
     emit,
@@ -68,9 +72,11 @@ from bench.replication import (
     result_line,
     topic_properties,
 )
+from mm2py.backfill.environment import packed_environment
 from mm2py.dev.jars import fetch_jars
 from mm2py.dev.launcher import LocalCluster
 from mm2py.dev.mirrormaker import render_properties
+from mm2py.dev.spark import LocalSpark, LocalSparkError
 from mm2py.kafka import clients
 
 log = logging.getLogger("bench.backfill")
@@ -79,8 +85,10 @@ WORKLOAD: Final = Workload(partitions=8, records=2_000_000, record_bytes=1024)
 DAEMON: Final = "daemon"
 BACKFILL_1: Final = "backfill-local[1]"
 BACKFILL_2: Final = "backfill-local[2]"
+# A standalone master and two workers of one core each, each its own JVM and Python.
+BACKFILL_CLUSTER: Final = "backfill-standalone-2x1"
 CONNECTOR: Final = "spark-kafka-connector-local[2]"
-SYSTEMS: Final = (DAEMON, BACKFILL_1, BACKFILL_2)
+SYSTEMS: Final = (DAEMON, BACKFILL_1, BACKFILL_2, BACKFILL_CLUSTER)
 SPARK_KAFKA_POM: Final = Path(__file__).with_name("spark-kafka-pom.xml")
 # The connector's own jars and the Kafka client it needs; the rest is in pyspark already.
 CONNECTOR_JARS: Final = (
@@ -123,6 +131,8 @@ def measure_backfill(
     clusters: dict[str, LocalCluster],
     run_dir: Path,
     extra: list[str],
+    label: str | None = None,
+    **more: Any,
 ) -> dict[str, Any]:
     """`mm2py backfill --master <master>` copying its own pre-filled topic."""
     source, target = clusters["A"], clusters["B"]
@@ -145,7 +155,7 @@ def measure_backfill(
         delete_topics(source, [topic])
         delete_topics(target, [remote])
     return copy_line(
-        f"backfill-{master}",
+        label or f"backfill-{master}",
         workload,
         copy,
         copied,
@@ -153,7 +163,39 @@ def measure_backfill(
         own_copy_s=float(summary["s"]) if summary else None,
         own_records_per_s=float(summary["rps"].replace(",", "")) if summary else None,
         load_1m_before=round(load, 2),
+        **more,
     )
+
+
+def measure_cluster_backfill(
+    workload: Workload, clusters: dict[str, LocalCluster], run_dir: Path, extra: list[str]
+) -> dict[str, Any]:
+    """`mm2py backfill` on a local standalone cluster, nothing set: the packed Python
+    ships with the job (packed first, timed apart as pack_s; 0 when cached)."""
+    started = time.monotonic()
+    packed_environment()
+    pack = time.monotonic() - started
+    spark = LocalSpark(run_dir / "spark", workers=2, cores=1, memory="1g")
+    spark.start()
+    try:
+        # The executors are the workers' children, not the command's: their CPU is
+        # counted apart, over the whole command (cpu_s_per_m_records is the driver's).
+        workers = [ProcessCpu(spark.worker_pid(i)) for i in range(spark.workers)]
+        before = sum(w.sample() for w in workers)
+        line = measure_backfill(
+            spark.master_url,
+            workload,
+            clusters,
+            run_dir,
+            extra,
+            label=BACKFILL_CLUSTER,
+            pack_s=round(pack, 2),
+        )
+        executors_cpu = sum(w.sample() for w in workers) - before
+        line["executors_cpu_s_per_m_records"] = cpu_per_million(executors_cpu, workload.records)
+        return line
+    finally:
+        spark.stop()
 
 
 def measure_daemon(
@@ -343,12 +385,13 @@ def main(argv: list[str] | None = None) -> int:
         DAEMON: lambda: measure_daemon(workload, clusters, run_dir),
         BACKFILL_1: lambda: measure_backfill("local[1]", workload, clusters, run_dir, extra),
         BACKFILL_2: lambda: measure_backfill("local[2]", workload, clusters, run_dir, extra),
+        BACKFILL_CLUSTER: lambda: measure_cluster_backfill(workload, clusters, run_dir, extra),
     }
     try:
         for system in (s for s in SYSTEMS if s in args.systems):
             try:
                 emit(runs[system]())
-            except (ReplicatorError, ToolError, TimeoutError, KafkaException) as e:
+            except (ReplicatorError, ToolError, TimeoutError, KafkaException, LocalSparkError) as e:
                 failures += 1
                 log.error("%s failed: %s", system, e)
                 emit({"system": system, "workload": workload.label, "error": str(e)})

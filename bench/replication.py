@@ -247,8 +247,12 @@ def default_state_dir() -> Path:
     return MEMORY_DIR / f"mm2py-{name}" if free >= MEMORY_NEEDED else cache_root() / name
 
 
-def bench_clusters(state_dir: Path) -> tuple[dict[str, LocalCluster], LocalKafka | None]:
-    """Clusters A and B, and the LocalKafka to tear down afterwards if we started them."""
+def bench_clusters(
+    state_dir: Path | None = None,
+) -> tuple[dict[str, LocalCluster], LocalKafka | None]:
+    """Clusters A and B, and the LocalKafka to tear down afterwards if we started them
+    (in `state_dir`, default `mm2py local`'s folder)."""
+    state_dir = state_dir or default_state_dir()
     ports = [broker_port(a) + k for a in ("A", "B") for k in (0, 1)]  # broker, controller
     taken = [p for p in ports if _port_open(p)]
     if taken:
@@ -823,7 +827,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     log.info("logs and configs of this run: %s", run_dir)
 
-    clusters, started = bench_clusters(args.state_dir or default_state_dir())
+    clusters, started = bench_clusters(args.state_dir)
     failures = 0
     lines: list[dict[str, Any]] = []
     load_start = load_averages()

@@ -1,9 +1,10 @@
 """`mm2py backfill` for spark-submit: the same options, Spark's master from spark-submit.
 
-    spark-submit --master yarn --py-files mm2py.zip mm2py/backfill/submit.py \\
-        mm2.properties --source A --target B
+    PYSPARK_DRIVER_PYTHON=.venv/bin/python spark-submit --master yarn \\
+        mm2py/backfill/submit.py mm2.properties --source A --target B
 
-mm2py and confluent-kafka must be importable on the driver and the executors.
+mm2py must be importable by the driver's Python; the executors get theirs with the
+job, as with `mm2py backfill --master ...` (see mm2py.backfill.environment).
 """
 
 from __future__ import annotations

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import IsolationLevel, KafkaException
 
+from mm2py.backfill import submit
 from mm2py.backfill.environment import packed_environment
 from mm2py.dev.launcher import LocalCluster
-from mm2py.dev.spark import LocalSpark, worker_environment
+from mm2py.dev.spark import LocalSpark, spark_home, worker_environment
 from tests.daemon_harness import running_daemon
 from tests.integration.test_backfill import (
     BACKFILL_TIMEOUT,
@@ -228,3 +229,43 @@ def test_worker_killed_mid_copy_costs_no_record_twice_and_loses_none(
     # The killed attempt's records are on the target, aborted: read_committed readers
     # never see them.
     assert len(read_all(cluster_b, remote, isolation="read_uncommitted", timeout=60)) > total
+
+
+def test_spark_submit_runs_the_backfill_on_the_cluster(
+    spark: LocalSpark,
+    cluster_a: LocalCluster,
+    cluster_b: LocalCluster,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    create_topic(cluster_a, unique, partitions=2)
+    produce(cluster_a, unique, [(i % 2, f"k{i}".encode(), f"{i}".encode()) for i in range(400)])
+    config = _config(tmp_path, cluster_a, cluster_b, unique)
+    # The driver is this Python (it has mm2py); the executors get nothing but the job.
+    env = dict(worker_environment(), PYSPARK_DRIVER_PYTHON=sys.executable)
+    done = subprocess.run(
+        [
+            str(spark_home() / "bin" / "spark-submit"),
+            "--master",
+            spark.master_url,
+            submit.__file__,
+            str(config),
+            "--source",
+            "A",
+            "--target",
+            "B",
+            "--topics",
+            unique,
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=BACKFILL_TIMEOUT * 2,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "400 records" in done.stdout
+    assert _by_partition(read_all(cluster_b, f"A.{unique}")) == _by_partition(
+        read_all(cluster_a, unique)
+    )
