@@ -114,6 +114,15 @@ class _IncludeExcludeFilter:
         excluded = self._exclude_re is not None and self._exclude_re.fullmatch(name) is not None
         return included and not excluded
 
+    def rejection(self, name: str) -> str | None:
+        """Why the filter does not select `name`: "no match" (no include pattern
+        matches it) or "exclude" (an exclude pattern does); None when it selects it."""
+        if self._include_re is None or self._include_re.fullmatch(name) is None:
+            return "no match"
+        if self._exclude_re is not None and self._exclude_re.fullmatch(name) is not None:
+            return "exclude"
+        return None
+
     def __repr__(self) -> str:
         name = type(self).__name__
         return f"{name}(include={list(self._include)!r}, exclude={list(self._exclude)!r})"

@@ -94,7 +94,7 @@ def _binding(acl: TopicAcl) -> AclBinding:
     )
 
 
-def _describe_acls(admin: AdminClient, timeout: float) -> list[TopicAcl]:
+def describe_topic_acls(admin: AdminClient, timeout: float) -> list[TopicAcl]:
     """Every topic ACL of a cluster. Raises KafkaException (SECURITY_DISABLED: no authorizer)."""
     bindings = admin.describe_acls(ANY_TOPIC_ACL, request_timeout=timeout).result(timeout=timeout)
     return [_topic_acl(b) for b in bindings]
@@ -237,7 +237,7 @@ class SyncPart(FlowPart):
         """Add the ACLs the remote topics should have (by MM2's rules) to the target."""
         flow, rt = self.flow, self.rules
         try:
-            source_acls = _describe_acls(self._source_admin, self._timeout)
+            source_acls = describe_topic_acls(self._source_admin, self._timeout)
         except KafkaException as exc:
             if _code(exc) == KafkaError.SECURITY_DISABLED:
                 self._log_no_source_authorizer()
@@ -256,7 +256,7 @@ class SyncPart(FlowPart):
         if not wanted:
             return
         try:
-            existing = _describe_acls(self._target_admin, self._timeout)
+            existing = describe_topic_acls(self._target_admin, self._timeout)
         except KafkaException as exc:
             if _code(exc) == KafkaError.SECURITY_DISABLED:
                 self._log_no_target_authorizer()

@@ -1,0 +1,559 @@
+"""`mm2py plan`: what `mm2py run` would do with a config, read from the clusters.
+
+Contract: it reads every cluster the selected flows use and writes nothing anywhere
+(admin describes and lists; consumers that never join a group or commit). For each
+selected flow (the enabled flows, as `mm2py run --clusters` selects them) it reports:
+
+- the topics it would copy, with their remote names and the rule that selected each
+  (`topics`, or `heartbeats`: heartbeats flow even when `topics` leaves them out);
+- the topics it would leave out and why: `topics.exclude`, `internal`, `cycle`, or
+  `no match` (of `topics`);
+- remote topics to create (partitions, replication factor, the configs config sync
+  would set) or grow, and the config changes config sync would make to the remote
+  topics that exist (when `sync.topic.configs.enabled`);
+- the ACLs topic ACL sync would create (when `sync.topic.acls.enabled` and the source
+  has an authorizer);
+- the consumer groups it would checkpoint (and sync, with `sync.group.offsets.enabled`);
+- the backlog: per partition, the offsets from the progress already recorded (or the
+  log start) to the end, and bytes estimated from a sample of those records.
+
+And, for every cluster, the internal topics `mm2py run` would create there (progress,
+offset syncs, checkpoints, heartbeats, the tasks topic of each flow's node group),
+including those of pairs that only emit heartbeats.
+
+The decisions are the daemon's own (FlowRules, plan_remote_topics, config_changes,
+target_acls, should_checkpoint_group): the plan cannot disagree with the run.
+A cluster that cannot be read is a `PlanError` (exit 1) naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._listoffsets import OffsetSpec
+
+from mm2py.cluster.assignment import tasks_topic
+from mm2py.compat.acls import missing_acls, target_acls
+from mm2py.compat.filters import should_checkpoint_group
+from mm2py.compat.flow import FlowRules
+from mm2py.compat.policy import is_cycle
+from mm2py.compat.topic_configs import ConfigPropertyFilter, config_changes, creation_configs
+from mm2py.config import FlowConfig, MirrorConfig
+from mm2py.daemon.parts.sync import describe_topic_acls, has_authorizer
+from mm2py.daemon.supervisor import select_flows, select_heartbeat_flows
+from mm2py.errors import Mm2pyError
+from mm2py.kafka import clients
+from mm2py.kafka.access import ClusterAccessError, check_cluster_access
+from mm2py.kafka.clients import error_text
+from mm2py.kafka.configs import describe_topic_configs
+from mm2py.kafka.groups import list_groups, read_committed
+from mm2py.kafka.topics import TopicAdminError, list_offsets, partition_counts
+from mm2py.replication.progress import ProgressStore
+from mm2py.replication.remote_topics import plan_remote_topics
+
+SAMPLE_RECORDS = 200  # per topic, for the backlog's bytes
+SAMPLE_SECONDS = 2.0
+
+
+class PlanError(Mm2pyError):
+    """A cluster could not be read; names it (exit 1)."""
+
+
+@dataclass(frozen=True)
+class CopiedTopic:
+    topic: str
+    remote: str
+    rule: str  # "topics" or "heartbeats"
+    partitions: int
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    topic: str
+    reason: str  # "topics.exclude", "internal", "cycle", "no match"
+
+
+@dataclass(frozen=True)
+class RemoteTopic:
+    remote: str
+    action: str  # "create" or "grow"
+    partitions: int
+    replication_factor: int | None = None  # on create
+    configs: dict[str, str] = field(default_factory=dict)  # on create: synced configs
+    from_partitions: int | None = None  # on grow
+
+
+@dataclass(frozen=True)
+class ConfigUpdate:
+    remote: str
+    set: dict[str, str]
+    delete: list[str]
+
+
+@dataclass(frozen=True)
+class PlannedAcl:
+    topic: str
+    principal: str
+    host: str
+    operation: str
+    permission: str
+
+
+@dataclass(frozen=True)
+class Backlog:
+    topic: str
+    partition: int
+    start: int  # first offset to copy (after the recorded progress, or the log start)
+    end: int
+    records: int  # offsets start..end (transaction markers and aborted records count)
+    from_progress: bool
+
+
+@dataclass(frozen=True)
+class InternalTopic:
+    cluster: str
+    topic: str
+    partitions: int
+    replication_factor: int
+    purpose: str
+
+
+@dataclass
+class FlowPlan:
+    flow: str
+    copied: list[CopiedTopic] = field(default_factory=list)
+    left_out: list[LeftOut] = field(default_factory=list)
+    remote_topics: list[RemoteTopic] = field(default_factory=list)
+    config_updates: list[ConfigUpdate] = field(default_factory=list)
+    acls: list[PlannedAcl] = field(default_factory=list)
+    acls_note: str | None = None  # why no ACL is planned, when not synced
+    groups: list[str] = field(default_factory=list)
+    group_offsets_synced: bool = False
+    backlog: list[Backlog] = field(default_factory=list)
+    backlog_bytes: int | None = None  # key + value bytes, estimated from a sample
+
+
+@dataclass
+class Plan:
+    flows: list[FlowPlan]
+    internal_topics: list[InternalTopic]
+
+
+# -- pure decisions ------------------------------------------------------------------
+
+
+def topic_choice(rules: FlowRules, topic: str) -> str | None:
+    """The rule that selects `topic` for copying, or None (see `left_out_reason`)."""
+    if not rules.should_replicate(topic):
+        return None
+    return "topics" if rules.topic_filter.should_replicate_topic(topic) else "heartbeats"
+
+
+def left_out_reason(rules: FlowRules, topic: str) -> str:
+    """Why a topic the flow does not copy is left out (MM2's checks, in its order)."""
+    policy = rules.policy
+    if policy.is_internal_topic(topic):
+        return "internal"
+    if is_cycle(policy, topic, rules.flow.target):
+        return "cycle"
+    if rules.topic_filter.rejection(topic) == "exclude":
+        return "topics.exclude"
+    return "no match"
+
+
+def internal_topics(
+    flows: Sequence[FlowConfig], heartbeat_flows: Sequence[FlowConfig]
+) -> list[InternalTopic]:
+    """Every internal topic `mm2py run` with these flows uses, by cluster (pure)."""
+    wanted: dict[tuple[str, str], InternalTopic] = {}
+
+    def add(cluster: str, topic: str, partitions: int, rf: int, purpose: str) -> None:
+        wanted.setdefault((cluster, topic), InternalTopic(cluster, topic, partitions, rf, purpose))
+
+    for flow in flows:
+        s, rules = flow.settings, FlowRules(flow)
+        add(
+            flow.target,
+            flow.offsets_topic,
+            s.offset_storage_partitions,
+            s.offset_storage_replication_factor,
+            f"{flow.name}: progress (MM2's offsets topic)",
+        )
+        if s.emit_offset_syncs_enabled:
+            where = flow.source if rules.offset_syncs_on_source else flow.target
+            rf = s.offset_syncs_topic_replication_factor
+            add(where, rules.offset_syncs_topic, 1, rf, f"{flow.name}: offset syncs")
+        if s.period("emit.checkpoints") is not None:
+            add(
+                flow.target,
+                rules.policy.checkpoints_topic(flow.source),
+                1,
+                s.checkpoints_topic_replication_factor,
+                f"{flow.name}: checkpoints",
+            )
+        add(
+            flow.target,
+            tasks_topic(flow.source, s.tasks_max),
+            s.tasks_max,
+            s.offset_storage_replication_factor,
+            f"{flow.name}: tasks of the node group",
+        )
+    copying = {f.name for f in flows}
+    for flow in heartbeat_flows:
+        s = flow.settings
+        add(
+            flow.target,
+            FlowRules(flow).policy.heartbeats_topic(),
+            1,
+            s.heartbeats_topic_replication_factor,
+            "heartbeats",
+        )
+        if flow.name not in copying:
+            add(
+                flow.target,
+                tasks_topic(flow.source, 1),
+                1,
+                s.offset_storage_replication_factor,
+                f"{flow.name}: heartbeats only, its node group",
+            )
+    return sorted(wanted.values(), key=lambda t: (t.cluster, t.topic))
+
+
+# -- reading the clusters ---------------------------------------------------------------
+
+
+class _Reader:
+    """Admin clients per cluster, and the one error for a cluster that does not answer."""
+
+    def __init__(self, config: MirrorConfig) -> None:
+        self.config = config
+        self._admins: dict[str, AdminClient] = {}
+        self._counts: dict[str, dict[str, int]] = {}
+
+    def admin(self, alias: str) -> AdminClient:
+        if alias not in self._admins:
+            self._admins[alias] = clients.admin_client(
+                self.config.cluster(alias).librdkafka("admin")
+            )
+        return self._admins[alias]
+
+    def topics(self, alias: str, timeout: float) -> dict[str, int]:
+        if alias not in self._counts:
+            try:
+                self._counts[alias] = partition_counts(self.admin(alias), timeout)
+            except KafkaException as exc:
+                raise PlanError(
+                    f"cannot list the topics of cluster {alias}: {error_text(exc)}; is "
+                    f"{alias}.bootstrap.servers right and the cluster up?"
+                ) from None
+        return self._counts[alias]
+
+
+def make_plan(config: MirrorConfig, target_clusters: Sequence[str] | None = None) -> Plan:
+    """The plan of every flow `mm2py run --clusters target_clusters` would run."""
+    flows = select_flows(config, target_clusters)
+    heartbeat_flows = select_heartbeat_flows(config, target_clusters)
+    aliases = {a for f in [*flows, *heartbeat_flows] for a in (f.source, f.target)}
+    try:
+        check_cluster_access(config, aliases)
+    except ClusterAccessError as exc:
+        raise PlanError(str(exc)) from None
+    reader = _Reader(config)
+    plans = [_flow_plan(reader, flow) for flow in flows]
+    internal = [
+        t
+        for t in internal_topics(flows, heartbeat_flows)
+        if t.topic not in reader.topics(t.cluster, _timeout(config, t.cluster, flows))
+    ]
+    return Plan(plans, internal)
+
+
+def _timeout(config: MirrorConfig, alias: str, flows: Sequence[FlowConfig]) -> float:
+    for flow in flows:
+        if alias in (flow.source, flow.target):
+            return flow.settings.admin_timeout
+    return 30.0
+
+
+def _flow_plan(reader: _Reader, flow: FlowConfig) -> FlowPlan:
+    rules = FlowRules(flow)
+    s = rules.settings
+    timeout = s.admin_timeout
+    plan = FlowPlan(flow.name)
+    source_topics = reader.topics(flow.source, timeout)
+    target_topics = reader.topics(flow.target, timeout)
+    for topic, partitions in sorted(source_topics.items()):
+        rule = topic_choice(rules, topic)
+        if rule is None:
+            plan.left_out.append(LeftOut(topic, left_out_reason(rules, topic)))
+        else:
+            plan.copied.append(CopiedTopic(topic, rules.remote_topic(topic), rule, partitions))
+    copied = {c.topic: c for c in plan.copied}
+    remote_plan = plan_remote_topics({c.remote: c.partitions for c in plan.copied}, target_topics)
+    source_of = {c.remote: c.topic for c in plan.copied}
+    prop_filter = ConfigPropertyFilter(s.config_properties_exclude)
+    needed = [source_of[r] for r in remote_plan.create]
+    existing = [c for c in plan.copied if c.remote in target_topics]
+    if s.period("sync.topic.configs") is not None:
+        needed += [c.topic for c in existing]
+    source_configs = describe_topic_configs(reader.admin(flow.source), flow.source, needed, timeout)
+    _no_unreadable(source_configs.unreadable)
+    for remote, partitions in sorted(remote_plan.create.items()):
+        found = source_configs.found[source_of[remote]]
+        plan.remote_topics.append(
+            RemoteTopic(
+                remote,
+                "create",
+                partitions,
+                s.replication_factor,
+                creation_configs(found, prop_filter),
+            )
+        )
+    for remote, partitions in sorted(remote_plan.grow.items()):
+        plan.remote_topics.append(
+            RemoteTopic(remote, "grow", partitions, from_partitions=target_topics[remote])
+        )
+    if s.period("sync.topic.configs") is not None and existing:
+        target_configs = describe_topic_configs(
+            reader.admin(flow.target), flow.target, [c.remote for c in existing], timeout
+        )
+        _no_unreadable(target_configs.unreadable)
+        for c in existing:
+            changes = config_changes(
+                source_configs.found[c.topic], target_configs.found[c.remote], prop_filter
+            )
+            if changes:
+                plan.config_updates.append(
+                    ConfigUpdate(c.remote, dict(changes.set), sorted(changes.delete))
+                )
+    _plan_acls(reader, rules, plan)
+    _plan_groups(reader, rules, plan, copied)
+    _plan_backlog(reader, flow, plan, copied)
+    return plan
+
+
+def _no_unreadable(unreadable: Mapping[str, str]) -> None:
+    if unreadable:
+        raise PlanError(next(iter(unreadable.values())))
+
+
+def _plan_acls(reader: _Reader, rules: FlowRules, plan: FlowPlan) -> None:
+    flow, timeout = rules.flow, rules.settings.admin_timeout
+    if rules.settings.period("sync.topic.acls") is None:
+        plan.acls_note = "sync.topic.acls.enabled = false"
+        return
+    found: dict[str, list[Any]] = {}
+    for alias in (flow.source, flow.target):
+        try:
+            found[alias] = describe_topic_acls(reader.admin(alias), timeout)
+        except KafkaException as exc:
+            first = exc.args[0] if exc.args else None
+            if isinstance(first, KafkaError) and first.code() == KafkaError.SECURITY_DISABLED:
+                plan.acls_note = f"cluster {alias} has no authorizer"
+                return
+            raise PlanError(
+                f"cannot list the topic ACLs of cluster {alias}: {error_text(exc)}"
+            ) from None
+        # librdkafka reports "no authorizer" as an empty answer; the broker tells.
+        if not found[alias] and has_authorizer(reader.admin(alias), timeout) is False:
+            plan.acls_note = f"cluster {alias} has no authorizer"
+            return
+    wanted = target_acls(found[flow.source], rules.should_replicate, rules.remote_topic)
+    plan.acls = [
+        PlannedAcl(a.topic, a.principal, a.host, a.operation, a.permission)
+        for a in missing_acls(wanted, found[flow.target])
+    ]
+
+
+def _plan_groups(
+    reader: _Reader, rules: FlowRules, plan: FlowPlan, copied: Mapping[str, CopiedTopic]
+) -> None:
+    flow, s = rules.flow, rules.settings
+    if s.period("emit.checkpoints") is None:
+        return
+    config = reader.config
+    try:
+        listed = list_groups(reader.admin(flow.source), s.admin_timeout)
+    except KafkaException as exc:
+        raise PlanError(
+            f"cannot list the consumer groups of cluster {flow.source}: {error_text(exc)}"
+        ) from None
+    names = [g for g in listed if rules.group_filter.should_replicate_group(g)]
+    partitions = [
+        (t, p)
+        for t, n in reader.topics(flow.source, s.admin_timeout).items()
+        if rules.topic_filter.should_replicate_topic(t)
+        for p in range(n)
+    ]
+    offsets = read_committed(
+        config.cluster(flow.source).librdkafka("consumer"),
+        {g: partitions for g in names},
+        flow.source,
+        s.admin_timeout,
+    )
+    plan.groups = sorted(
+        g
+        for g, committed in offsets.items()
+        if should_checkpoint_group(
+            rules.group_filter, rules.topic_filter, g, (t for t, _p in committed)
+        )
+    )
+    plan.group_offsets_synced = s.period("sync.group.offsets") is not None
+
+
+def _plan_backlog(
+    reader: _Reader, flow: FlowConfig, plan: FlowPlan, copied: Mapping[str, CopiedTopic]
+) -> None:
+    if not copied:
+        return
+    s = flow.settings
+    progress: dict[tuple[str, int], int] = {}
+    if flow.offsets_topic in reader.topics(flow.target, s.admin_timeout):
+        progress = _read_progress(reader.config, flow)
+    tps = [TopicPartition(t, p) for t, c in copied.items() for p in range(c.partitions)]
+    admin = reader.admin(flow.source)
+    try:
+        earliest: Any = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
+        latest: Any = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        starts = list_offsets(admin, flow.source, {tp: earliest for tp in tps}, s.admin_timeout)
+        ends = list_offsets(admin, flow.source, {tp: latest for tp in tps}, s.admin_timeout)
+    except TopicAdminError as exc:
+        raise PlanError(str(exc)) from None
+    for tp in tps:
+        key = (tp.topic, tp.partition)
+        done = progress.get(key)
+        start = max(starts[key], done + 1) if done is not None else starts[key]
+        end = ends[key]
+        plan.backlog.append(
+            Backlog(tp.topic, tp.partition, start, end, max(end - start, 0), done is not None)
+        )
+    plan.backlog_bytes = _estimate_bytes(reader.config, flow, plan.backlog)
+
+
+def _read_progress(config: MirrorConfig, flow: FlowConfig) -> dict[tuple[str, int], int]:
+    """The progress recorded on the target (read only: the topic exists already)."""
+    s = flow.settings
+    store = ProgressStore(
+        config.cluster(flow.target).librdkafka("producer"),
+        flow.target,
+        flow.source,
+        flow.offsets_topic,
+        s.offset_storage_replication_factor,
+        s.offset_storage_partitions,
+    )
+    try:
+        return dict(store.load())
+    except (TimeoutError, RuntimeError) as exc:
+        raise PlanError(f"reading {flow.offsets_topic} on cluster {flow.target}: {exc}") from None
+    finally:
+        store.close()
+
+
+def _estimate_bytes(config: MirrorConfig, flow: FlowConfig, backlog: Sequence[Backlog]) -> int:
+    """Bytes of key + value in the backlog: per topic, up to SAMPLE_RECORDS records read
+    from the start of each partition's backlog at once, their average times the topic's
+    backlog (exact when the sample holds every record)."""
+    consumer = clients.consumer(
+        config.cluster(flow.source).librdkafka("consumer"),
+        {"isolation.level": "read_committed", "enable.partition.eof": True},
+    )
+    total = 0
+    try:
+        by_topic: dict[str, list[Backlog]] = {}
+        for b in backlog:
+            if b.records:
+                by_topic.setdefault(b.topic, []).append(b)
+        for topic, parts in by_topic.items():
+            consumer.assign([TopicPartition(topic, b.partition, b.start) for b in parts])
+            sizes: list[int] = []
+            open_partitions = {b.partition for b in parts}
+            deadline = time.monotonic() + SAMPLE_SECONDS
+            while open_partitions and len(sizes) < SAMPLE_RECORDS:
+                if time.monotonic() >= deadline:
+                    break
+                for msg in consumer.consume(SAMPLE_RECORDS - len(sizes), 0.2):
+                    error = msg.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            open_partitions.discard(msg.partition())
+                        continue
+                    key, value = msg.key(), msg.value()
+                    sizes.append((len(key) if key else 0) + (len(value) if value else 0))
+            if not open_partitions:
+                total += sum(sizes)  # every record read
+            elif sizes:
+                total += round(sum(sizes) / len(sizes) * sum(b.records for b in parts))
+    finally:
+        consumer.close()
+    return total
+
+
+# -- output -------------------------------------------------------------------------------
+
+
+def plan_json(plan: Plan) -> str:
+    return json.dumps(asdict(plan), indent=2, sort_keys=False) + "\n"
+
+
+def format_plan(plan: Plan) -> str:
+    out: list[str] = []
+    for f in plan.flows:
+        out.append(f"flow {f.flow}")
+        out.append(f"  copies {len(f.copied)} topics:")
+        out += [
+            f"    {c.topic} -> {c.remote} ({c.partitions} partitions; {c.rule})" for c in f.copied
+        ]
+        if f.left_out:
+            out.append(f"  leaves out {len(f.left_out)} topics:")
+            out += [f"    {t.topic} ({t.reason})" for t in f.left_out]
+        for r in f.remote_topics:
+            if r.action == "create":
+                configs = ", ".join(f"{k}={v}" for k, v in sorted(r.configs.items())) or "none"
+                out.append(
+                    f"  creates {r.remote}: {r.partitions} partitions, replication factor "
+                    f"{r.replication_factor}, configs: {configs}"
+                )
+            else:
+                out.append(f"  grows {r.remote}: {r.from_partitions} -> {r.partitions} partitions")
+        for u in f.config_updates:
+            changes = [f"{k}={v}" for k, v in sorted(u.set.items())]
+            changes += [f"{k} (back to the target's default)" for k in u.delete]
+            out.append(f"  changes the configs of {u.remote}: {', '.join(changes)}")
+        if f.acls:
+            out.append(f"  creates {len(f.acls)} ACLs:")
+            out += [
+                f"    {a.permission} {a.operation} on topic {a.topic} for {a.principal} "
+                f"from {a.host}"
+                for a in f.acls
+            ]
+        elif f.acls_note:
+            out.append(f"  creates no ACLs: {f.acls_note}")
+        else:
+            out.append("  creates no ACLs (the target has every one already)")
+        synced = " and syncs their offsets" if f.group_offsets_synced else ""
+        out.append(f"  checkpoints {len(f.groups)} groups{synced}: {', '.join(f.groups) or '-'}")
+        records = sum(b.records for b in f.backlog)
+        estimate = f", about {f.backlog_bytes:,} bytes" if f.backlog_bytes else ""
+        out.append(f"  backlog: {records:,} offsets to copy{estimate}")
+        out += [
+            f"    {b.topic}-{b.partition}: [{b.start}, {b.end}) "
+            f"{'after its recorded progress' if b.from_progress else 'from the log start'}"
+            for b in f.backlog
+            if b.records
+        ]
+    if plan.internal_topics:
+        out.append("internal topics to create:")
+        out += [
+            f"  on {t.cluster}: {t.topic} ({t.partitions} partitions, replication factor "
+            f"{t.replication_factor}; {t.purpose})"
+            for t in plan.internal_topics
+        ]
+    else:
+        out.append("internal topics to create: none (all exist)")
+    return "\n".join(out) + "\n"
