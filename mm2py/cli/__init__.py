@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from mm2py import __version__
-from mm2py.cli import backfill, demo, local, plan, run, status, translate, verify
+from mm2py.cli import backfill, demo, failover, local, plan, run, status, translate, verify
 from mm2py.errors import EXIT_FAILED, Mm2pyError
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 Command = Callable[[argparse.Namespace], int]
 
 # In the order `--help` lists them.
-COMMANDS = (run, plan, translate, verify, backfill, status, local, demo)
+COMMANDS = (run, plan, failover, translate, verify, backfill, status, local, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -374,12 +374,28 @@ def _plan_acls(reader: _Reader, rules: FlowRules, plan: FlowPlan) -> None:
 def _plan_groups(
     reader: _Reader, rules: FlowRules, plan: FlowPlan, copied: Mapping[str, CopiedTopic]
 ) -> None:
-    flow, s = rules.flow, rules.settings
+    s = rules.settings
     if s.period("emit.checkpoints") is None:
         return
-    config = reader.config
+    plan.groups = checkpointed_groups(
+        reader.config,
+        rules,
+        reader.admin(rules.flow.source),
+        reader.topics(rules.flow.source, s.admin_timeout),
+    )
+    plan.group_offsets_synced = s.period("sync.group.offsets") is not None
+
+
+def checkpointed_groups(
+    config: MirrorConfig,
+    rules: FlowRules,
+    source_admin: AdminClient,
+    source_topics: Mapping[str, int],
+) -> list[str]:
+    """The source's groups the checkpoint part picks up (as it decides), sorted."""
+    flow, s = rules.flow, rules.settings
     try:
-        listed = list_groups(reader.admin(flow.source), s.admin_timeout)
+        listed = list_groups(source_admin, s.admin_timeout)
     except KafkaException as exc:
         raise PlanError(
             f"cannot list the consumer groups of cluster {flow.source}: {error_text(exc)}"
@@ -387,7 +403,7 @@ def _plan_groups(
     names = [g for g in listed if rules.group_filter.should_replicate_group(g)]
     partitions = [
         (t, p)
-        for t, n in reader.topics(flow.source, s.admin_timeout).items()
+        for t, n in source_topics.items()
         if rules.topic_filter.should_replicate_topic(t)
         for p in range(n)
     ]
@@ -397,14 +413,13 @@ def _plan_groups(
         flow.source,
         s.admin_timeout,
     )
-    plan.groups = sorted(
+    return sorted(
         g
         for g, committed in offsets.items()
         if should_checkpoint_group(
             rules.group_filter, rules.topic_filter, g, (t for t, _p in committed)
         )
     )
-    plan.group_offsets_synced = s.period("sync.group.offsets") is not None
 
 
 def _plan_backlog(

@@ -25,7 +25,17 @@ from mm2py.errors import Interrupted, Mm2pyError, UsageError
 from mm2py.tools.translate import ApplyRefused
 from mm2py.tools.verify import VerifyError
 
-COMMANDS = ["run", "plan", "translate-offsets", "verify", "backfill", "status", "local", "demo"]
+COMMANDS = [
+    "run",
+    "plan",
+    "failover",
+    "translate-offsets",
+    "verify",
+    "backfill",
+    "status",
+    "local",
+    "demo",
+]
 
 CONFIG = """\
 clusters = A, B

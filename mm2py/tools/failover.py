@@ -1,0 +1,224 @@
+"""`mm2py failover --planned`: move consumer groups from the source to the target, exactly.
+
+For a planned cutover: the operator has stopped the producers on the source, the
+replicator still runs. Contract, in order:
+
+1. The end offsets (last stable) of every partition the flow copies are read from the
+   source when the command starts.
+2. It waits, up to the timeout, until the flow's progress on the target covers them:
+   every record the source had then is copied.
+3. It selects the groups the flow checkpoints (its group filter, with offsets on a
+   copied topic) whose name matches --groups in full, and waits until translate-offsets
+   proves every one of their partitions exact (`tools.translate`: checkpoints confirmed
+   by the offset syncs).
+4. A selected group with members on the target refuses the whole command (exit 2), and
+   nothing is committed: their positions would change under them.
+5. It commits each group's exact positions on the target (not with --dry-run) and
+   prints, per group and partition, the source offset, the target offset and whether it
+   is exact.
+
+Exit 0 only when every selected group-partition is exact (and applied, unless a dry
+run); 1 naming what is missing when the timeout passes first. Nothing is committed
+unless every selected group is exact: a failover is all or nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin._listoffsets import OffsetSpec
+
+from mm2py.compat.flow import FlowRules
+from mm2py.config import FlowConfig, MirrorConfig
+from mm2py.errors import Mm2pyError
+from mm2py.kafka import clients
+from mm2py.kafka.clients import error_text
+from mm2py.kafka.groups import describe_groups
+from mm2py.kafka.reader import ReaderError
+from mm2py.kafka.topics import TopicAdminError, list_offsets, partition_counts
+from mm2py.replication.progress import ProgressStore
+from mm2py.tools.plan import checkpointed_groups
+from mm2py.tools.translate import (
+    ApplyRefused,
+    Report,
+    apply_offsets,
+    format_text,
+    gather,
+    to_json,
+)
+
+POLL_INTERVAL = 1.0
+
+
+class FailoverError(Mm2pyError):
+    """The failover could not complete; says what is missing (exit 1)."""
+
+
+@dataclass
+class FailoverResult:
+    source: str
+    target: str
+    dry_run: bool
+    behind: dict[str, int] = field(default_factory=dict)  # "topic-partition" -> records not copied
+    reports: list[Report] = field(default_factory=list)
+    ok: bool = False
+    missing: list[str] = field(default_factory=list)  # what kept it from ok
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = {
+            "source": self.source,
+            "target": self.target,
+            "dry_run": self.dry_run,
+            "ok": self.ok,
+            "not_copied_yet": self.behind,
+            "missing": self.missing,
+            "groups": [to_json(r) for r in self.reports],
+        }
+        return json.dumps(data, indent=2) + "\n"
+
+    def to_text(self) -> str:
+        lines = [format_text(r) for r in self.reports]
+        if self.behind:
+            behind = ", ".join(f"{tp} ({n} records)" for tp, n in sorted(self.behind.items()))
+            lines.append(f"not copied yet: {behind}\n")
+        verdict = (
+            f"failover {self.source} -> {self.target}: "
+            + ("dry run, nothing committed; " if self.dry_run else "")
+            + (
+                f"{len(self.reports)} groups {'would move' if self.dry_run else 'moved'}, "
+                "every partition exact"
+                if self.ok
+                else "not done: " + "; ".join(self.missing)
+            )
+        )
+        lines.append(verdict + "\n")
+        return "".join(lines)
+
+
+def planned_failover(
+    config: MirrorConfig,
+    flow: FlowConfig,
+    groups: re.Pattern[str] | None,
+    timeout: float,
+    dry_run: bool,
+    clock: Callable[[], float] = time.monotonic,
+) -> FailoverResult:
+    """Steps 1-5 of the module's contract; the result says what was done."""
+    rules = FlowRules(flow)
+    deadline = clock() + timeout
+    result = FailoverResult(flow.source, flow.target, dry_run)
+    source_admin = clients.admin_client(config.cluster(flow.source).librdkafka("admin"))
+    try:
+        counts = partition_counts(source_admin, rules.settings.admin_timeout)
+    except KafkaException as exc:
+        raise FailoverError(
+            f"cannot list the topics of cluster {flow.source}: {error_text(exc)}; a planned "
+            "failover needs the source"
+        ) from None
+    copied = {t: n for t, n in counts.items() if rules.should_replicate(t)}
+    ends = _end_offsets(source_admin, flow, copied)
+    # 2. Everything the source had is copied.
+    while True:
+        result.behind = _not_copied(config, flow, ends)
+        if not result.behind or clock() >= deadline:
+            break
+        time.sleep(POLL_INTERVAL)
+    # 3. Every selected group proven exact.
+    names = [
+        g
+        for g in checkpointed_groups(config, rules, source_admin, counts)
+        if groups is None or groups.fullmatch(g)
+    ]
+    while True:
+        result.reports = [gather(config, flow, g) for g in names]
+        if all(r.exact for r in result.reports) or clock() >= deadline:
+            break
+        time.sleep(POLL_INTERVAL)
+    if result.behind:
+        result.missing.append(f"{len(result.behind)} partition(s) not copied to their end yet")
+    waiting = [r.group for r in result.reports if not r.exact]
+    if waiting:
+        result.missing.append(f"group(s) not proven exact yet: {', '.join(waiting)}")
+    if not names:
+        result.missing.append(
+            "no group to move (none of the flow's checkpointed groups matches --groups)"
+        )
+    if result.missing:
+        return result
+    # 4. No group in use on the target, checked for all before any commit.
+    _refuse_active(config, flow, names)
+    # 5. Commit.
+    if not dry_run:
+        for report in result.reports:
+            try:
+                apply_offsets(config, report)
+            except KafkaException as exc:
+                raise FailoverError(
+                    f"committing the offsets of group {report.group} on {flow.target} failed: "
+                    f"{error_text(exc)}; groups before it in the output were moved"
+                ) from None
+    result.ok = True
+    return result
+
+
+def _end_offsets(
+    admin: Any, flow: FlowConfig, copied: dict[str, int]
+) -> dict[tuple[str, int], int]:
+    latest: Any = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+    specs = {TopicPartition(t, p): latest for t, n in copied.items() for p in range(n)}
+    try:
+        return list_offsets(admin, flow.source, specs, flow.settings.admin_timeout)
+    except TopicAdminError as exc:
+        raise FailoverError(str(exc)) from None
+
+
+def _not_copied(
+    config: MirrorConfig, flow: FlowConfig, ends: dict[tuple[str, int], int]
+) -> dict[str, int]:
+    """Partitions whose recorded progress is short of the end read at the start."""
+    s = flow.settings
+    store = ProgressStore(
+        config.cluster(flow.target).librdkafka("producer"),
+        flow.target,
+        flow.source,
+        flow.offsets_topic,
+        s.offset_storage_replication_factor,
+        s.offset_storage_partitions,
+    )
+    try:
+        progress = store.load(past_open_transactions=True)
+    except (ReaderError, TimeoutError) as exc:
+        raise FailoverError(f"reading {flow.offsets_topic} on {flow.target}: {exc}") from None
+    finally:
+        store.close()
+    behind: dict[str, int] = {}
+    for (topic, partition), end in ends.items():
+        done = progress.get((topic, partition), -1) + 1
+        if done < end:
+            behind[f"{topic}-{partition}"] = end - done
+    return behind
+
+
+def _refuse_active(config: MirrorConfig, flow: FlowConfig, groups: list[str]) -> None:
+    admin = clients.admin_client(config.cluster(flow.target).librdkafka("admin"))
+    found = describe_groups(admin, groups, flow.target, flow.settings.admin_timeout)
+    active = [
+        f"{g} ({found[g].members} members)" for g in groups if g in found and not found[g].idle
+    ]
+    unknown = [g for g in groups if g not in found]
+    if active:
+        raise ApplyRefused(
+            f"group(s) with active members on {flow.target}: {', '.join(active)}; stop their "
+            "consumers there first. Nothing was committed"
+        )
+    if unknown:
+        raise ApplyRefused(
+            f"cannot tell whether group(s) {', '.join(unknown)} have members on {flow.target}; "
+            "nothing was committed"
+        )

@@ -1,0 +1,116 @@
+"""`mm2py failover --planned` against real clusters (issue 25): groups move from A to B at
+exact positions, in both delivery modes; a dry run commits nothing; a group with members
+on B refuses the command.
+
+The scenario helpers are test_failover's: numbered records, a group that reads part of
+them on A and commits, and a reader on B that counts duplicates and gaps.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from mm2py.dev.launcher import LocalCluster
+from mm2py.kafka import clients
+from tests.integration.test_failover import (
+    MODES,
+    Mode,
+    consume_and_commit,
+    mm2py_daemon,
+    mode_config,
+    numbered,
+    read_rest_on_b,
+    score,
+)
+from tests.kafka_helpers import create_topic, produce
+
+pytestmark = pytest.mark.integration
+
+
+def _failover(config: Path, prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "mm2py.cli", "failover", str(config), "--source", "A"]
+    command += ["--target", "B", "--groups", f"{prefix}-.*", "--timeout", "120", "--json"]
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def _committed_on_b(b: LocalCluster, group: str, remote: str) -> list[int]:
+    consumer = clients.consumer(b.client_properties(), {"group.id": group})
+    try:
+        found = consumer.committed([TopicPartition(remote, p) for p in (0, 1)], timeout=30)
+        return [tp.offset for tp in found]
+    finally:
+        consumer.close()
+
+
+def _member_on_b(b: LocalCluster, group: str, remote: str) -> object:
+    """A consumer of `group` on B that has joined (holds a partition)."""
+    consumer = clients.consumer(
+        b.client_properties(), {"group.id": group, "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe([remote])
+    deadline = time.monotonic() + 60
+    while not consumer.assignment() and time.monotonic() < deadline:
+        consumer.poll(0.2)
+    assert consumer.assignment(), f"{group} did not join on B"
+    return consumer
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_planned_failover_moves_every_group_exactly(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path, mode: Mode
+) -> None:
+    prefix = f"fo-cmd-{uuid.uuid4().hex[:8]}"
+    topic, remote = f"{prefix}-orders", f"A.{prefix}-orders"
+    behind, done_reading = f"{prefix}-behind", f"{prefix}-done"
+    create_topic(cluster_a, topic, partitions=2)
+    produce(cluster_a, topic, numbered(0, 400, partitions=2))
+    valid = {str(n).encode() for n in range(400)}
+    config = mode_config(tmp_path, cluster_a, cluster_b, prefix, mode)
+
+    with mm2py_daemon(config):
+        consumed, positions = consume_and_commit(cluster_a, topic, behind, count=150)
+        everything, _ = consume_and_commit(cluster_a, topic, done_reading, count=400)
+        # The producers are stopped: what a planned failover starts from.
+
+        dry = _failover(config, prefix, "--dry-run")
+        assert dry.returncode == 0, dry.stdout + dry.stderr
+        shown = json.loads(dry.stdout)
+        assert (shown["ok"], shown["dry_run"], shown["not_copied_yet"]) == (True, True, {})
+        assert sorted(g["group"] for g in shown["groups"]) == [behind, done_reading]
+        assert all(row["status"] == "ok" for g in shown["groups"] for row in g["rows"])
+        assert _committed_on_b(cluster_b, behind, remote) == [-1001, -1001]  # nothing
+
+        member = _member_on_b(cluster_b, behind, remote)
+        try:
+            refused = _failover(config, prefix)
+        finally:
+            member.close()  # type: ignore[attr-defined]
+        assert refused.returncode == 2
+        assert f"{behind} (1 members)" in refused.stderr
+        assert _committed_on_b(cluster_b, behind, remote) == [-1001, -1001]
+
+        moved = _failover(config, prefix)
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+        result = json.loads(moved.stdout)
+        assert result["ok"] and not result["dry_run"]
+        assert {g["group"]: g["applied"] for g in result["groups"]} == {
+            behind: len(positions),  # the partitions it committed offsets for on A
+            done_reading: 2,
+        }
+
+    rest = read_rest_on_b(cluster_b, remote, behind, valid - set(consumed))
+    out = score("behind", consumed, valid, rest)
+    assert (out.duplicates, out.gaps, out.read_on_b) == (0, 0, 250), out.line()
+    # The group that had read everything on A reads nothing again on B.
+    assert read_rest_on_b(cluster_b, remote, done_reading, set(), timeout=10) == []
+    assert len(everything) == 400
