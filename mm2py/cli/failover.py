@@ -1,4 +1,4 @@
-"""`mm2py failover`: move consumer groups from the source to the target, exactly (planned)."""
+"""`mm2py failover`: move consumer groups from the source to the target (planned or disaster)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from mm2py.errors import EXIT_FAILED, EXIT_OK, UsageError
 
 def run(args: argparse.Namespace) -> int:
     from mm2py.config import load_config
-    from mm2py.tools.failover import planned_failover
+    from mm2py.tools.failover import disaster_failover, planned_failover
     from mm2py.tools.translate import check_aliases
 
     try:
@@ -21,7 +21,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--groups: invalid regular expression: {err}") from None
     config = load_config(args.config)
     flow = check_aliases(config, args.source, args.target)
-    result = planned_failover(config, flow, groups, args.timeout, args.dry_run)
+    if args.disaster:
+        result = disaster_failover(config, flow, groups, args.dry_run)
+    else:
+        result = planned_failover(config, flow, groups, args.timeout, args.dry_run)
     sys.stdout.write(result.to_json() if args.json else result.to_text())
     return EXIT_OK if result.ok else EXIT_FAILED
 
@@ -37,7 +40,8 @@ def add_parser(sub: Subparsers) -> None:
             "syncs, then commit them on the target, all groups or none. A group with "
             "members on the target refuses the command. Exit status 0 when every group "
             "partition is exact (and committed, unless --dry-run); 1 when the timeout "
-            "passes first, naming what is missing; 2 usage error or refused."
+            "passes first, naming what is missing; 2 usage error or refused. --disaster reads "
+            "only the target: commits the newest checkpoints and lists what was never copied."
         ),
     )
     add_pair_arguments(p)
@@ -47,17 +51,24 @@ def add_parser(sub: Subparsers) -> None:
         metavar="REGEX",
         help="only the flow's checkpointed groups whose name matches in full (default: all)",
     )
-    p.add_argument(
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
         "--planned",
         action="store_true",
-        help="the source is up and its producers stopped (the default, and the only mode yet)",
+        help="the source is up and its producers stopped: wait for exact positions (default)",
+    )
+    mode.add_argument(
+        "--disaster",
+        action="store_true",
+        help="the source is lost: commit the newest checkpoints without waiting on it, and "
+        "list per partition what was never copied",
     )
     p.add_argument(
         "--timeout",
         type=positive,
         default=300,
         metavar="SECONDS",
-        help="how long to wait for the copy and for exact positions (default 300)",
+        help="--planned: how long to wait for the copy and for exact positions (default 300)",
     )
     p.add_argument(
         "--dry-run", action="store_true", help="show what it would commit; commit nothing"

@@ -485,6 +485,40 @@ class SourceProgressKey:
         return cls(connector, cluster, topic, partition)
 
 
+# mm2py's own records in the Connect offsets topic, beside MirrorSourceConnector's: a
+# source partition's end offset as the replicator last saw it (for `failover
+# --disaster`). Their key has MM2's shape with another connector name, which MM2 (and
+# Connect's offset store) reads past: no connector of MM2's looks it up.
+SOURCE_ENDS_NAME: Final = "mm2py-source-ends"
+
+
+def encode_source_end(end: int, seen_at_ms: int) -> bytes:
+    """Value of a source-end record: ``{"end":N,"seen_at":MS}``."""
+    if not (_json_int(end) and end >= 0 and _json_int(seen_at_ms) and seen_at_ms >= 0):
+        raise ValueError(
+            f"source end: end and seen_at must be ints >= 0, got {end!r}, {seen_at_ms!r}"
+        )
+    return b'{"end":%d,"seen_at":%d}' % (end, seen_at_ms)
+
+
+def decode_source_end(value: bytes | None) -> tuple[int, int] | None:
+    """(end, seen_at ms) of a source-end record, or None (a tombstone or not one of ours)."""
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    end, seen_at = parsed.get("end"), parsed.get("seen_at")
+    if isinstance(end, bool) or isinstance(seen_at, bool):
+        return None
+    if not (isinstance(end, int) and isinstance(seen_at, int)):
+        return None
+    return end, seen_at
+
+
 def encode_progress_value(last_offset: int) -> bytes:
     """Value of a source-progress record: ``{"offset":N}``.
 

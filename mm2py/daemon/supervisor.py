@@ -42,6 +42,7 @@ from mm2py.config import FlowConfig, MirrorConfig
 from mm2py.daemon.metrics import Metrics
 from mm2py.daemon.part import Part, freeze_start_up
 from mm2py.daemon.parts.checkpoint import CheckpointPart
+from mm2py.daemon.parts.ends import SourceEndsPart
 from mm2py.daemon.parts.heartbeat import HeartbeatPart
 from mm2py.daemon.parts.sync import SyncPart
 from mm2py.daemon.reachability import ClusterProbe, Reachability, ReachabilityCollector
@@ -114,6 +115,7 @@ def build_parts(
             parts.append(CheckpointPart(flow, source, target, metrics))
         if SyncPart.wanted(flow):
             parts.append(SyncPart(flow, source, target, metrics))
+        parts.append(SourceEndsPart(flow, source, target, metrics))
     watched: set[str] = set()  # one heartbeat watcher per target cluster
     for flow in heartbeat_flows:
         target = config.cluster(flow.target)

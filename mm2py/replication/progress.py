@@ -4,6 +4,11 @@ The topic is Kafka Connect's offsets topic: the key names the source partition
 (`["MirrorSourceConnector",{"cluster":"A","partition":0,"topic":"t"}]`), the
 value is `{"offset":N}` with N the last source offset copied. Sharing the format
 is what lets mm2py resume where MM2 stopped, and MM2 where mm2py stopped.
+
+Beside them, mm2py keeps each source partition's end offset as the replicator last
+saw it (`submit_ends`, key of connector ``mm2py-source-ends``, value
+``{"end":N,"seen_at":MS}``), so that after a disaster `mm2py failover --disaster`
+can tell what was never copied; MM2 reads past those keys.
 """
 
 from __future__ import annotations
@@ -19,9 +24,12 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 from mm2py.compat.formats import (
     DEFAULT_OFFSET_STORAGE_PARTITIONS,
     SOURCE_CONNECTOR_NAME,
+    SOURCE_ENDS_NAME,
     SourceProgressKey,
     decode_progress_value,
+    decode_source_end,
     encode_progress_value,
+    encode_source_end,
     partition_for_key,
 )
 from mm2py.kafka import clients
@@ -63,7 +71,11 @@ class ProgressStore:
         self._producer: Any = None  # made on the first `submit`
 
     def load(
-        self, timeout: float = 60.0, *, past_open_transactions: bool = False
+        self,
+        timeout: float = 60.0,
+        *,
+        past_open_transactions: bool = False,
+        source_ends: dict[SourcePartition, tuple[int, int]] | None = None,
     ) -> dict[SourcePartition, int]:
         """Every recorded last-copied offset for this source cluster, read to the end.
 
@@ -72,6 +84,7 @@ class ProgressStore:
         high watermark, past transactions still open (other tasks', or one a fenced
         writer left): the read waits until they end, so progress committed after
         them is not missed (exactly-once: missing it would copy records again).
+        `source_ends`, when given, receives the source ends recorded: (end, seen_at ms).
 
         Raises ReaderError naming the topic and cluster when it cannot be read
         (ReaderTimeout, also a TimeoutError, after `timeout` seconds).
@@ -92,19 +105,30 @@ class ProgressStore:
             else:
                 reader.add_topic(self.topic, self.partitions, timeout)
             reader.read_to_end(
-                lambda msg: self._apply(found, msg.key(), msg.value()),
+                lambda msg: self._apply(found, msg.key(), msg.value(), source_ends),
                 max(deadline - time.monotonic(), 0.0),
             )
         return found
 
     def _apply(
-        self, found: dict[SourcePartition, int], key: bytes | None, value: bytes | None
+        self,
+        found: dict[SourcePartition, int],
+        key: bytes | None,
+        value: bytes | None,
+        ends: dict[SourcePartition, tuple[int, int]] | None = None,
     ) -> None:
         try:
             pkey = SourceProgressKey.decode(key)
         except ValueError:
             return  # other connectors (heartbeat, checkpoint) share the topic
-        if pkey.connector != SOURCE_CONNECTOR_NAME or pkey.cluster != self.source_alias:
+        if pkey.cluster != self.source_alias:
+            return
+        if pkey.connector == SOURCE_ENDS_NAME and ends is not None:
+            end = decode_source_end(value)
+            if end is not None:
+                ends[(pkey.topic, pkey.partition)] = end
+            return
+        if pkey.connector != SOURCE_CONNECTOR_NAME:
             return
         offset = decode_progress_value(value)
         where = (pkey.topic, pkey.partition)
@@ -137,6 +161,22 @@ class ProgressStore:
                     log.warning("writing progress to %s failed: %s", self.topic, err)
 
             self._send(self._producer, where, offset, on_delivery)
+        self._producer.poll(0)
+
+    def submit_ends(self, ends: Mapping[SourcePartition, int], seen_at_ms: int) -> None:
+        """Send each source partition's end offset as seen at `seen_at_ms`; `flush()` waits."""
+        if self._producer is None:
+            self._producer = clients.producer(
+                self._props, {"acks": "all", "enable.idempotence": True, "linger.ms": 0}
+            )
+        for (topic, partition), end in ends.items():
+            key = SourceProgressKey(SOURCE_ENDS_NAME, self.source_alias, topic, partition).encode()
+            self._producer.produce(
+                self.topic,
+                key=key,
+                value=encode_source_end(end, seen_at_ms),
+                partition=partition_for_key(key, self.partitions),
+            )
         self._producer.poll(0)
 
     def write_in_transaction(

@@ -1,4 +1,7 @@
-"""`mm2py failover --planned`: move consumer groups from the source to the target, exactly.
+"""`mm2py failover`: move consumer groups from the source to the target.
+
+`--planned` (the default) waits for exact positions; `--disaster` does not wait on
+the source and says what was never copied.
 
 For a planned cutover: the operator has stopped the producers on the source, the
 replicator still runs. Contract, in order:
@@ -20,6 +23,22 @@ replicator still runs. Contract, in order:
 Exit 0 only when every selected group-partition is exact (and applied, unless a dry
 run); 1 naming what is missing when the timeout passes first. Nothing is committed
 unless every selected group is exact: a failover is all or nothing.
+
+For a disaster (the source unreachable, or not to be waited for), it reads only the
+target:
+
+1. the groups are those with checkpoints in ``<source>.checkpoints.internal`` whose
+   name matches --groups; the newest checkpoint of each partition is committed as it
+   is (translate-offsets --apply --accept-inexact: at or before the group's position,
+   so records may be read twice, none skipped), after the same check for members;
+2. what was never copied, per source partition: the end offset the replicator last
+   recorded for it (`daemon.parts.ends`, every 10 s, with its time) minus the flow's
+   progress (the last offset copied). Offsets count transaction markers and aborted
+   records too; records written to the source after that time are not known. The
+   progress is written about every second behind the copy, so the last second's
+   records may be counted though they were copied.
+
+Exit 0 when every selected group's checkpoints were committed; 1 otherwise.
 """
 
 from __future__ import annotations
@@ -28,7 +47,8 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
@@ -40,6 +60,7 @@ from mm2py.errors import Mm2pyError
 from mm2py.kafka import clients
 from mm2py.kafka.clients import error_text
 from mm2py.kafka.groups import describe_groups
+from mm2py.kafka.internal_topics import load_checkpoints
 from mm2py.kafka.reader import ReaderError
 from mm2py.kafka.topics import TopicAdminError, list_offsets, partition_counts
 from mm2py.replication.progress import ProgressStore
@@ -60,11 +81,25 @@ class FailoverError(Mm2pyError):
     """The failover could not complete; says what is missing (exit 1)."""
 
 
+@dataclass(frozen=True)
+class NotCopied:
+    """Records of a source partition the target never got (as far as recorded)."""
+
+    topic: str  # the source topic
+    partition: int
+    records: int
+    first_offset: int
+    last_offset: int
+    seen_at: str  # ISO-8601 UTC: when the replicator last saw the source's end
+
+
 @dataclass
 class FailoverResult:
     source: str
     target: str
     dry_run: bool
+    mode: str = "planned"
+    not_copied: list[NotCopied] = field(default_factory=list)  # --disaster
     behind: dict[str, int] = field(default_factory=dict)  # "topic-partition" -> records not copied
     reports: list[Report] = field(default_factory=list)
     ok: bool = False
@@ -72,14 +107,18 @@ class FailoverResult:
 
     def to_json(self) -> str:
         data: dict[str, Any] = {
+            "mode": self.mode,
             "source": self.source,
             "target": self.target,
             "dry_run": self.dry_run,
             "ok": self.ok,
-            "not_copied_yet": self.behind,
             "missing": self.missing,
             "groups": [to_json(r) for r in self.reports],
         }
+        if self.mode == "planned":
+            data["not_copied_yet"] = self.behind
+        else:
+            data["not_copied"] = [asdict(n) for n in self.not_copied]
         return json.dumps(data, indent=2) + "\n"
 
     def to_text(self) -> str:
@@ -87,12 +126,20 @@ class FailoverResult:
         if self.behind:
             behind = ", ".join(f"{tp} ({n} records)" for tp, n in sorted(self.behind.items()))
             lines.append(f"not copied yet: {behind}\n")
+        if self.mode == "disaster":
+            lost = sum(n.records for n in self.not_copied)
+            lines.append(f"never copied: {lost} records\n")
+            lines += [
+                f"  {n.topic}-{n.partition}: {n.records} records, offsets {n.first_offset} to "
+                f"{n.last_offset} (the source's end as seen at {n.seen_at})\n"
+                for n in self.not_copied
+            ]
         verdict = (
             f"failover {self.source} -> {self.target}: "
             + ("dry run, nothing committed; " if self.dry_run else "")
             + (
                 f"{len(self.reports)} groups {'would move' if self.dry_run else 'moved'}, "
-                "every partition exact"
+                + ("every partition exact" if self.mode == "planned" else "at their checkpoints")
                 if self.ok
                 else "not done: " + "; ".join(self.missing)
             )
@@ -222,3 +269,68 @@ def _refuse_active(config: MirrorConfig, flow: FlowConfig, groups: list[str]) ->
             f"cannot tell whether group(s) {', '.join(unknown)} have members on {flow.target}; "
             "nothing was committed"
         )
+
+
+def disaster_failover(
+    config: MirrorConfig, flow: FlowConfig, groups: re.Pattern[str] | None, dry_run: bool
+) -> FailoverResult:
+    """The disaster contract of the module: the target only, nothing waited for."""
+    rules = FlowRules(flow)
+    result = FailoverResult(flow.source, flow.target, dry_run, mode="disaster")
+    target = config.cluster(flow.target)
+    try:
+        loaded = load_checkpoints(
+            target.librdkafka("consumer"),
+            flow.target,
+            rules.policy.checkpoints_topic(flow.source),
+            keep=lambda cp: groups is None or groups.fullmatch(cp.consumer_group_id) is not None,
+        )
+    except ReaderError as exc:
+        raise FailoverError(str(exc)) from None
+    names = sorted({cp.consumer_group_id for cp, _ts in (loaded or {}).values()})
+    result.reports = [gather(config, flow, g) for g in names]
+    incomplete = [r.group for r in result.reports if not r.complete and r.rows]
+    result.not_copied = _never_copied(config, flow)
+    if not names:
+        result.missing.append("no group has checkpoints (matching --groups) on the target")
+        return result
+    _refuse_active(config, flow, names)
+    if not dry_run:
+        for report in result.reports:
+            try:
+                apply_offsets(config, report, accept_inexact=True)
+            except KafkaException as exc:
+                raise FailoverError(
+                    f"committing the offsets of group {report.group} on {flow.target} failed: "
+                    f"{error_text(exc)}; groups before it in the output were moved"
+                ) from None
+    if incomplete:
+        result.missing.append(f"group(s) with untranslated partitions: {', '.join(incomplete)}")
+    result.ok = not result.missing
+    return result
+
+
+def _never_copied(config: MirrorConfig, flow: FlowConfig) -> list[NotCopied]:
+    s = flow.settings
+    store = ProgressStore(
+        config.cluster(flow.target).librdkafka("producer"),
+        flow.target,
+        flow.source,
+        flow.offsets_topic,
+        s.offset_storage_replication_factor,
+        s.offset_storage_partitions,
+    )
+    ends: dict[tuple[str, int], tuple[int, int]] = {}
+    try:
+        progress = store.load(past_open_transactions=True, source_ends=ends)
+    except (ReaderError, TimeoutError) as exc:
+        raise FailoverError(f"reading {flow.offsets_topic} on {flow.target}: {exc}") from None
+    finally:
+        store.close()
+    found = []
+    for (topic, partition), (end, seen_at) in sorted(ends.items()):
+        first = progress.get((topic, partition), -1) + 1
+        if end > first:
+            when = datetime.fromtimestamp(seen_at / 1000, UTC).isoformat(timespec="milliseconds")
+            found.append(NotCopied(topic, partition, end - first, first, end - 1, when))
+    return found

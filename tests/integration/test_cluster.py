@@ -78,7 +78,7 @@ FAILOVER_S = 15.0
 # Starting a node on a busy 2-core machine: interpreter, imports, group join, a task
 # process each (spawned and importing mm2py), remote topics.
 START_TIMEOUT = 60.0
-ONCE_PER_FLOW = ("checkpoint", "sync", "heartbeat")
+ONCE_PER_FLOW = ("checkpoint", "sync", "source-ends", "heartbeat")
 # "flow A->B: tasks 0, 3 assigned to this node" (mm2py.cluster.member), with its time.
 _MOVE_LINE = re.compile(
     r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ mm2py\.cluster\.member "

@@ -9,6 +9,8 @@ them on A and commits, and a reader on B that counts duplicates and gaps.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,8 +20,12 @@ from pathlib import Path
 import pytest
 from confluent_kafka import TopicPartition
 
+from mm2py.config import load_config
 from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka import clients
+from mm2py.replication.progress import ProgressStore
+from mm2py.tools.translate import gather
+from tests.conftest import Clusters
 from tests.integration.test_failover import (
     MODES,
     Mode,
@@ -30,7 +36,7 @@ from tests.integration.test_failover import (
     read_rest_on_b,
     score,
 )
-from tests.kafka_helpers import create_topic, produce
+from tests.kafka_helpers import create_topic, produce, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -114,3 +120,77 @@ def test_planned_failover_moves_every_group_exactly(
     # The group that had read everything on A reads nothing again on B.
     assert read_rest_on_b(cluster_b, remote, done_reading, set(), timeout=10) == []
     assert len(everything) == 400
+
+
+def _recorded(b: LocalCluster) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]:
+    """Progress and recorded source ends in mm2-offsets.A.internal on B."""
+    store = ProgressStore(b.client_properties(), "B", "A", "mm2-offsets.A.internal", 1)
+    ends: dict[tuple[str, int], tuple[int, int]] = {}
+    try:
+        progress = store.load(source_ends=ends)
+    finally:
+        store.close()
+    return progress, {tp: end for tp, (end, _seen) in ends.items()}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_disaster_failover_with_the_source_frozen_lists_what_was_never_copied(
+    clusters: Clusters, tmp_path: Path, mode: Mode
+) -> None:
+    a, b = clusters["A"], clusters["B"]
+    prefix = f"fo-dis-{uuid.uuid4().hex[:8]}"
+    topic, remote, group = f"{prefix}-orders", f"A.{prefix}-orders", f"{prefix}-g"
+    create_topic(a, topic)
+    produce(a, topic, numbered(0, 300))
+    config = mode_config(tmp_path, a, b, prefix, mode)
+    broker = clusters.kafka.pid("A")
+    assert broker is not None
+    with mm2py_daemon(config) as daemon:
+        consumed, _ = consume_and_commit(a, topic, group, count=100)
+
+        def settled() -> bool:
+            progress, ends = _recorded(b)
+            report = gather(load_config(config), load_config(config).flow("A", "B"), group)
+            return (
+                progress.get((topic, 0)) == 299
+                and ends.get((topic, 0)) == 300
+                and report.exact
+                and len(report.rows) == 1
+            )
+
+        wait_until(settled, timeout=90, what="copy, progress, source end and checkpoint")
+        # The copy stops (its task process frozen); the node still records A's ends.
+        (task,) = daemon.task_pids()
+        os.kill(task, signal.SIGSTOP)
+        try:
+            produce(a, topic, numbered(300, 120))
+            wait_until(
+                lambda: _recorded(b)[1].get((topic, 0)) == 420,
+                timeout=60,
+                what="A's new end recorded on B",
+            )
+            os.killpg(broker, signal.SIGSTOP)  # the disaster: A stops answering
+            try:
+                done = _failover(config, prefix, "--disaster")
+            finally:
+                os.killpg(broker, signal.SIGCONT)
+        finally:
+            os.kill(task, signal.SIGCONT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    (lost,) = result["not_copied"]
+    assert {
+        k: lost[k] for k in ("topic", "partition", "records", "first_offset", "last_offset")
+    } == {
+        "topic": topic,
+        "partition": 0,
+        "records": 120,
+        "first_offset": 300,
+        "last_offset": 419,
+    }
+    assert [(g["group"], g["applied"]) for g in result["groups"]] == [(group, 1)]
+    # The group resumes on B right after what it consumed on A.
+    valid = {str(n).encode() for n in range(420)}
+    rest = read_rest_on_b(b, remote, group, valid - set(consumed))
+    out = score("disaster", consumed, valid, rest)
+    assert (out.duplicates, out.gaps) == (0, 0), out.line()

@@ -14,12 +14,15 @@ import pytest
 from mm2py.compat.formats import (
     DEFAULT_OFFSET_STORAGE_PARTITIONS,
     SOURCE_CONNECTOR_NAME,
+    SOURCE_ENDS_NAME,
     Checkpoint,
     Heartbeat,
     OffsetSync,
     SourceProgressKey,
     decode_progress_value,
+    decode_source_end,
     encode_progress_value,
+    encode_source_end,
     murmur2,
     partition_for_key,
     to_positive,
@@ -483,3 +486,16 @@ def test_partition_for_key() -> None:
     assert partition_for_key(b"21", 1) == 0
     with pytest.raises(ValueError, match=r"num_partitions must be positive"):
         partition_for_key(b"21", 0)
+
+
+def test_a_source_end_record_shares_mm2_s_key_shape_under_its_own_connector() -> None:
+    key = SourceProgressKey(SOURCE_ENDS_NAME, "A", "orders", 3).encode()
+    assert key == b'["mm2py-source-ends",{"cluster":"A","partition":3,"topic":"orders"}]'
+    value = encode_source_end(420, 1_795_000_000_123)
+    assert value == b'{"end":420,"seen_at":1795000000123}'
+    assert decode_source_end(value) == (420, 1_795_000_000_123)
+    # What is not one of these decodes to None (MM2's progress value, nulls, garbage).
+    for other in (None, b'{"offset":7}', b"null", b"[1,2]", b'{"end":true,"seen_at":1}', b"x"):
+        assert decode_source_end(other) is None
+    # MM2's progress decoder reads such a value as no progress, never an offset.
+    assert decode_progress_value(value) is None
