@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -224,6 +227,20 @@ def test_topic_acls_are_copied_by_mm2s_rules(
         ("LITERAL", "User:bob", "*", "READ", "ALLOW"),
         ("LITERAL", "User:mallory", "10.0.0.1", "DESCRIBE", "DENY"),
     }
+    # `mm2py plan` lists exactly the ACLs the run then creates (issue 25).
+    planned = subprocess.run(
+        [sys.executable, "-m", "mm2py.cli", "plan", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    (flow,) = json.loads(planned.stdout)["flows"]
+    assert {
+        ("LITERAL", a["principal"], a["host"], a["operation"], a["permission"])
+        for a in flow["acls"]
+        if a["topic"] == f"D.{unique}"
+    } == expected
     with running_daemon(path) as daemon:
         wait_until(lambda: f"D.{unique}" in topic_names(e), timeout=60, what=f"D.{unique} on E")
         created = time.monotonic()
