@@ -11,6 +11,7 @@ a Python of its own, as on a real cluster. Contract:
 - The workers run with an environment that does not lead to mm2py: without
   PYSPARK_PYTHON, PYTHONPATH and VIRTUAL_ENV, and without this virtualenv's bin/ on the
   PATH. Their executors start `python3`, unless the driver ships a Python.
+- `running_tasks(i)` reads worker i's executor logs for the tasks it runs now.
 - `kill_worker(i)` SIGKILLs worker i with its executor and Python workers, as the
   loss of its machine would; `stop()` kills what is left and keeps the folder (logs,
   and each executor's stdout/stderr under work/).
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -35,6 +37,11 @@ MASTER_PORT = 17077
 MASTER_UI_PORT = 18080
 START_TIMEOUT = 180.0
 LOG_TAIL_LINES = 20
+# An executor's log line for a task starting or ending (Spark 4.0's Executor).
+_TASK_LINE = re.compile(
+    r"Executor: (?P<what>Running|Finished|Exception in|Executor killed) task "
+    r".*\(TID (?P<tid>\d+)\)"
+)
 
 
 class LocalSparkError(Mm2pyError):
@@ -164,6 +171,21 @@ class LocalSpark:
                 return int(json.load(answer).get("aliveworkers", 0))
         except (OSError, ValueError):
             return 0
+
+    def running_tasks(self, i: int) -> set[str]:
+        """The tasks (TIDs) worker i's executors run now, from their logs: started
+        ("Running task ... (TID n)") and not yet ended (finished, failed or killed)."""
+        running: set[str] = set()
+        for log in sorted((self.folder / f"worker{i}").glob("app-*/*/stderr")):
+            for line in log.read_text(errors="replace").splitlines():
+                found = _TASK_LINE.search(line)
+                if found is None:
+                    continue
+                if found["what"] == "Running":
+                    running.add(found["tid"])
+                else:
+                    running.discard(found["tid"])
+        return running
 
     def worker_pid(self, i: int) -> int:
         return self._procs[1 + i].pid

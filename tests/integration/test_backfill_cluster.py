@@ -186,51 +186,6 @@ def test_cluster_backfill_copies_exactly_and_the_daemon_continues(
         )
 
 
-def test_worker_killed_mid_copy_costs_no_record_twice_and_loses_none(
-    spark: LocalSpark,
-    cluster_a: LocalCluster,
-    cluster_b: LocalCluster,
-    unique: str,
-    tmp_path: Path,
-) -> None:
-    create_topic(cluster_a, unique, partitions=2)
-    total, range_records = 2 * 60_000, 30_000
-    produce(
-        cluster_a,
-        unique,
-        [(i % 2, f"k{i}".encode(), f"{i:08d}".encode() * 64) for i in range(total)],
-        overrides={"linger.ms": 20, "batch.size": 1_000_000},
-    )
-    remote = f"A.{unique}"
-    config = _config(tmp_path, cluster_a, cluster_b, unique)
-    proc = _cluster_backfill(
-        spark, config, unique, "--range-records", str(range_records), "--parallelism", "2"
-    )
-
-    def both_copying() -> bool:
-        assert proc.poll() is None, "the backfill ended before a worker could be killed"
-        try:
-            ends = _latest_offsets(cluster_b, remote, IsolationLevel.READ_UNCOMMITTED)
-            stable = _latest_offsets(cluster_b, remote, IsolationLevel.READ_COMMITTED)
-        except (KafkaException, KeyError):
-            return False  # the remote topic is not there yet
-        # Each worker's executor is inside a range's transaction.
-        return all(ends.get(p, 0) > stable.get(p, 0) for p in (0, 1))
-
-    wait_until(both_copying, timeout=180, interval=0.05, what="both workers copying a range")
-    spark.kill_worker(0)
-
-    _finished(proc)
-
-    assert _by_partition(read_all(cluster_b, remote, timeout=60)) == _by_partition(
-        read_all(cluster_a, unique, timeout=60)
-    )
-    assert _progress(cluster_b, unique) == {0: total // 2 - 1, 1: total // 2 - 1}
-    # The killed attempt's records are on the target, aborted: read_committed readers
-    # never see them.
-    assert len(read_all(cluster_b, remote, isolation="read_uncommitted", timeout=60)) > total
-
-
 def test_spark_submit_runs_the_backfill_on_the_cluster(
     spark: LocalSpark,
     cluster_a: LocalCluster,
@@ -269,3 +224,60 @@ def test_spark_submit_runs_the_backfill_on_the_cluster(
     assert _by_partition(read_all(cluster_b, f"A.{unique}")) == _by_partition(
         read_all(cluster_a, unique)
     )
+
+
+# Last in the module: it leaves the cluster with one worker.
+def test_worker_killed_mid_copy_costs_no_record_twice_and_loses_none(
+    spark: LocalSpark,
+    cluster_a: LocalCluster,
+    cluster_b: LocalCluster,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    create_topic(cluster_a, unique, partitions=2)
+    total, range_records = 2 * 60_000, 30_000
+    produce(
+        cluster_a,
+        unique,
+        [(i % 2, f"k{i}".encode(), f"{i:08d}".encode() * 64) for i in range(total)],
+        overrides={"linger.ms": 20, "batch.size": 1_000_000},
+    )
+    remote = f"A.{unique}"
+    config = _config(tmp_path, cluster_a, cluster_b, unique)
+    proc = _cluster_backfill(
+        spark, config, unique, "--range-records", str(range_records), "--parallelism", "2"
+    )
+
+    def busy_worker() -> tuple[int] | None:
+        """(i,) for worker i whose executor is inside a range's open transaction, or None."""
+        assert proc.poll() is None, "the backfill ended before a worker could be killed"
+        before = [spark.running_tasks(i) for i in range(spark.workers)]
+        try:
+            ends = _latest_offsets(cluster_b, remote, IsolationLevel.READ_UNCOMMITTED)
+            stable = _latest_offsets(cluster_b, remote, IsolationLevel.READ_COMMITTED)
+        except (KafkaException, KeyError):
+            return None  # the remote topic is not there yet
+        if [spark.running_tasks(i) for i in range(spark.workers)] != before:
+            return None  # a task started or ended meanwhile: look again
+        open_transactions = sum(1 for p in (0, 1) if ends.get(p, 0) > stable.get(p, 0))
+        busy = [i for i, tasks in enumerate(before) if tasks]
+        # One busy worker and an open transaction: its own. Both busy and both
+        # partitions open: each its own.
+        if len(busy) == 1 and open_transactions >= 1:
+            return (busy[0],)
+        if len(busy) == 2 and open_transactions == 2:
+            return (busy[0],)
+        return None
+
+    (victim,) = wait_until(busy_worker, timeout=180, interval=0.05, what="a worker copying")
+    spark.kill_worker(victim)
+
+    _finished(proc)
+
+    assert _by_partition(read_all(cluster_b, remote, timeout=60)) == _by_partition(
+        read_all(cluster_a, unique, timeout=60)
+    )
+    assert _progress(cluster_b, unique) == {0: total // 2 - 1, 1: total // 2 - 1}
+    # The killed attempt's records are on the target, aborted: read_committed readers
+    # never see them.
+    assert len(read_all(cluster_b, remote, isolation="read_uncommitted", timeout=60)) > total
