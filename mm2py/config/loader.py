@@ -62,6 +62,9 @@ log = logging.getLogger(__name__)
 
 _ROLES = ("consumer", "producer", "admin")
 _ALIAS = re.compile(r"[A-Za-z0-9._-]+")
+# <alias>.schema.registry.<client key>: that cluster's schema registry client.
+_REGISTRY_PREFIX = "schema.registry."
+_REGISTRY_SYNC_KEY = "schema.registry.sync.enabled"
 # Pre-4.0 names MM2 still translated; the new name wins when both are set.
 _DEPRECATED = {
     "topics.blacklist": "topics.exclude",
@@ -133,6 +136,7 @@ class _RawCluster:
     common: dict[str, str] = field(default_factory=dict)
     roles: dict[str, dict[str, str]] = field(default_factory=lambda: {r: {} for r in _ROLES})
     worker: dict[str, object] = field(default_factory=dict)
+    schema_registry: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -279,7 +283,9 @@ class _Builder:
     def sort_cluster_key(self, alias: str, sub: str, value: object) -> None:
         raw = self.clusters[alias]
         role = sub.split(".")[0]
-        if role in _ROLES and "." in sub:
+        if sub.startswith(_REGISTRY_PREFIX):
+            raw.schema_registry[sub[len(_REGISTRY_PREFIX) :]] = _client_value(value)
+        elif role in _ROLES and "." in sub:
             raw.roles[role][sub[len(role) + 1 :]] = _client_value(value)
         elif sub in WORKER_KEYS:
             raw.worker[sub] = value
@@ -427,6 +433,19 @@ class _Builder:
         except ValueError as exc:
             self.fail(enabled_key, f"{exc} (got {enabled!r})")
         settings = self.resolve_exactly_once(source, target, is_enabled, settings, shown)
+        if is_enabled and settings.schema_registry_sync_enabled:
+            missing = [
+                f"{alias}.{_REGISTRY_PREFIX}url"
+                for alias in (source, target)
+                if not self.clusters[alias].schema_registry.get("url")
+            ]
+            if missing:
+                self.fail(
+                    shown.get(_REGISTRY_SYNC_KEY, _REGISTRY_SYNC_KEY),
+                    f"flow {source}->{target} copies schemas between the clusters' schema "
+                    f"registries but {' and '.join(missing)} is not set; set it or set "
+                    f"{source}->{target}.{_REGISTRY_SYNC_KEY} = false",
+                )
         separator = settings.replication_policy_separator
         for alias in (source, target):
             if separator in alias:
@@ -450,6 +469,7 @@ class _Builder:
             role: to_librdkafka(raw.roles[role], f"{alias}.{role}.", self.path) for role in _ROLES
         }
         data["alias"] = alias
+        data["schema_registry"] = dict(raw.schema_registry)
         data["properties"] = {k: v for k, v in common.items() if k not in TYPED_CLIENT_KEYS}
         data.update({k: v for k, v in common.items() if k in TYPED_CLIENT_KEYS})
         try:

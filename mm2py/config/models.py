@@ -49,7 +49,16 @@ PeriodicTask = Literal[
     "sync.group.offsets",
 ]
 
-_SECRET_MARKERS = ("password", "secret", "passphrase", "jaas", "key.pem", "oauthbearer.config")
+_SECRET_MARKERS = (
+    "password",
+    "secret",
+    "passphrase",
+    "jaas",
+    "key.pem",
+    "oauthbearer.config",
+    "user.info",  # a schema registry's basic.auth.user.info (user:password)
+    "auth.token",  # a schema registry's bearer.auth.token
+)
 
 
 def is_secret_key(key: str) -> bool:
@@ -269,6 +278,16 @@ class FlowSettings(BaseModel):
         DEFAULT_TRANSACTION_INTERVAL_MS, alias="transaction.boundary.interval.ms"
     )
 
+    # mm2py's own (no MM2 key): copy the schemas of replicated topics from the source's
+    # schema registry to the target's and give framed keys and values the target's ids
+    # (mm2py.replication.schemas); needs <alias>.schema.registry.url for both clusters.
+    schema_registry_sync_enabled: Bool = Field(False, alias="schema.registry.sync.enabled")
+    # What a record whose schema id cannot be resolved does: stop its partition (fail) or
+    # be copied with its bytes as they are (copy).
+    schema_registry_unresolved_ids: Annotated[Literal["fail", "copy"], BeforeValidator(_strip)] = (
+        Field("fail", alias="schema.registry.unresolved.ids")
+    )
+
     heartbeats_topic_replication_factor: CountOrBrokerDefault = Field(
         3, alias="heartbeats.topic.replication.factor"
     )
@@ -357,8 +376,11 @@ class ClusterConfig(BaseModel):
     consumer: dict[str, ClientValue] = Field(default_factory=dict)
     producer: dict[str, ClientValue] = Field(default_factory=dict)
     admin: dict[str, ClientValue] = Field(default_factory=dict)
+    # ``<alias>.schema.registry.*``: the schema registry client's settings (url,
+    # basic.auth.user.info, ssl.*, ...), by their names without the prefix.
+    schema_registry: dict[str, ClientValue] = Field(default_factory=dict)
 
-    @field_validator("properties", "consumer", "producer", "admin")
+    @field_validator("properties", "consumer", "producer", "admin", "schema_registry")
     @classmethod
     def _hide_secrets(cls, props: dict[str, ClientValue]) -> dict[str, ClientValue]:
         return {
@@ -381,6 +403,17 @@ class ClusterConfig(BaseModel):
         for props in (self.properties, overrides):
             conf.update({key: _reveal(value) for key, value in props.items()})
         return conf
+
+    @property
+    def schema_registry_url(self) -> str | None:
+        """The schema registry's URL (``<alias>.schema.registry.url``), if set."""
+        url = self.schema_registry.get("url")
+        return _reveal(url) if url is not None else None
+
+    def schema_registry_client(self) -> dict[str, str]:
+        """The schema registry client's configuration, secrets revealed (the only place
+        it is assembled)."""
+        return {key: _reveal(value) for key, value in self.schema_registry.items()}
 
 
 TYPED_CLIENT_KEYS = frozenset(

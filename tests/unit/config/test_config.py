@@ -355,3 +355,36 @@ def test_lookups_of_unknown_clusters_and_flows_are_config_errors(tmp_path: Path)
         config.flow("X", "A")
     with pytest.raises(ConfigError, match="X: no such cluster"):
         config.cluster("X")
+
+
+def test_schema_registry_keys(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        BASE
+        + "A->B.enabled = true\nB->A.enabled = true\n"
+        + "schema.registry.sync.enabled = true\nB->A.schema.registry.sync.enabled = false\n"
+        + "A->B.schema.registry.unresolved.ids = copy\n"
+        + "A.schema.registry.url = http://a:8081\nB.schema.registry.url = http://b:8081\n"
+        + "B.schema.registry.basic.auth.user.info = mirror:pw-registry\n",
+    )
+    a_to_b, b_to_a = config.flow("A", "B").settings, config.flow("B", "A").settings
+    assert a_to_b.schema_registry_sync_enabled and a_to_b.schema_registry_unresolved_ids == "copy"
+    assert not b_to_a.schema_registry_sync_enabled
+    assert b_to_a.schema_registry_unresolved_ids == "fail"
+    b = config.cluster("B")
+    assert b.schema_registry_url == "http://b:8081"
+    assert b.schema_registry_client() == {
+        "url": "http://b:8081",
+        "basic.auth.user.info": "mirror:pw-registry",
+    }
+    assert "pw-registry" not in repr(b) and "pw-registry" not in str(config)
+    assert config.cluster("A").librdkafka("consumer") == {
+        "bootstrap.servers": "a:9092",
+        "security.protocol": "PLAINTEXT",
+    }
+
+
+def test_schema_registry_sync_needs_urls_only_for_enabled_flows(tmp_path: Path) -> None:
+    config = load(tmp_path, BASE + "schema.registry.sync.enabled = true\n")
+    assert config.flow("A", "B").settings.schema_registry_sync_enabled
+    assert config.enabled_flows() == []

@@ -78,6 +78,14 @@ BAD_PROPERTIES = [
     ("config-providers", PROPS + "config.providers = file\n", "config.providers",
      "not supported"),
     ("tasks-max-0", PROPS + "tasks.max = 0\n", "tasks.max", "at least 1"),
+    ("registry-sync-no-urls", PROPS + "schema.registry.sync.enabled = true\n",
+     "schema.registry.sync.enabled", "A.schema.registry.url and B.schema.registry.url is not set"),
+    ("registry-sync-no-target-url", PROPS + "A->B.schema.registry.sync.enabled = true\n"
+     "A.schema.registry.url = http://a:8081\n"
+     f"A.schema.registry.basic.auth.user.info = u:{SECRET}\n",
+     "A->B.schema.registry.sync.enabled", "B.schema.registry.url is not set"),
+    ("registry-unresolved-ids", PROPS + "schema.registry.unresolved.ids = skip\n",
+     "schema.registry.unresolved.ids", "'fail' or 'copy'"),
     ("negative-lag", PROPS + "offset.lag.max = -1\n", "offset.lag.max", "at least 0"),
     ("missing-flow-key", PROPS + "A->B = x\n", "A->B", "missing setting name"),
     ("admin-timeout-0", PROPS + "admin.timeout.ms = 0\n", "admin.timeout.ms", "at least 1"),
