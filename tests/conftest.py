@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from mm2py.dev.launcher import PORT_OFFSET_VARIABLE, LocalCluster, LocalKafka, default_state_dir
+from mm2py.dev.registry import LocalRegistries, LocalRegistry
 
 SECURED = {"D", "E"}
 # Brokers as Kafka ships them, but for G: its KIP-848 groups have a 10 s session (Kafka's
@@ -126,6 +127,30 @@ def clusters(request: pytest.FixtureRequest) -> Iterator[Clusters]:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for path in KEPT:
         terminalreporter.write_line(f"the brokers' logs of this failed run are kept in {path}")
+
+
+class Registries:
+    """Lazily started local schema registries (Apicurio), one per cluster alias."""
+
+    def __init__(self, registries: LocalRegistries) -> None:
+        self.registries = registries
+        self.started: list[str] = []
+
+    def __getitem__(self, alias: str) -> LocalRegistry:
+        if self.registries.pid(alias) is None:
+            self.started.append(alias)
+        return self.registries.up([alias])[0]
+
+
+@pytest.fixture(scope="session")
+def registries() -> Iterator[Registries]:
+    """Schema registries beside the clusters, started through `mm2py local`'s tooling;
+    those the session started are stopped at its end."""
+    handle = Registries(LocalRegistries(clusters_state_dir()))
+    try:
+        yield handle
+    finally:
+        handle.registries.down(handle.started)
 
 
 @pytest.fixture

@@ -15,12 +15,18 @@ from mm2py.errors import EXIT_OK
 def run(args: argparse.Namespace) -> int:
     from mm2py.dev.jars import fetch_jars
     from mm2py.dev.launcher import LocalKafka
+    from mm2py.dev.registry import LocalRegistries, fetch_registry
 
     kafka = LocalKafka(args.dir)
+    registries = LocalRegistries(args.dir)
     if args.action == "fetch":
         print(f"Kafka jars in {fetch_jars()}")
+        print(f"Apicurio Registry in {fetch_registry()}")
     elif args.action == "up":
         clusters = kafka.up(args.clusters or ["A", "B"], secure=args.secure)
+        if args.registries:
+            for registry in registries.up(c.alias for c in clusters):
+                print(f"{registry.alias}  schema registry {registry.url}")
         for cluster in clusters:
             extra = ""
             if cluster.secure:
@@ -30,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             print(f"{cluster.alias}  {cluster.bootstrap_servers}{extra}")
     elif args.action == "down":
+        registries.down(args.clusters)
         stopped = kafka.down(args.clusters)
         print("stopped " + (", ".join(stopped) if stopped else "nothing (no clusters recorded)"))
     else:
@@ -40,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
             state = "running" if kafka.is_running(cluster.alias) else "stopped"
             secured = " secured" if cluster.secure else ""
             print(f"{cluster.alias}  {cluster.bootstrap_servers}  {state}{secured}")
+        for registry in registries.known():
+            state = "running" if registries.pid(registry.alias) else "stopped"
+            print(f"{registry.alias}  schema registry {registry.url}  {state}")
     return EXIT_OK
 
 
@@ -55,7 +65,7 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument(
         "action",
         choices=["up", "down", "status", "fetch"],
-        help="fetch only downloads the Kafka jars into the cache",
+        help="fetch only downloads the Kafka jars and Apicurio Registry into the cache",
     )
     p.add_argument(
         "--clusters",
@@ -68,6 +78,11 @@ def add_parser(sub: Subparsers) -> None:
         type=aliases,
         default=[],
         help="aliases to start with SASL_PLAINTEXT/SCRAM-SHA-512 and the StandardAuthorizer",
+    )
+    p.add_argument(
+        "--registries",
+        action="store_true",
+        help="also start a schema registry (Apicurio, Confluent's API) beside each cluster",
     )
     p.add_argument(
         "--dir", type=Path, default=None, help="state folder (default ~/.cache/mm2py/local)"

@@ -40,8 +40,9 @@ class PartStatus(BaseModel):
     )
     failed_partitions: dict[str, str] = Field(
         default_factory=dict,
-        description="remote topic partitions stopped by a record the target rejected, "
-        "with the reason (source part); a restart of the flow retries them",
+        description="remote topic partitions stopped by a record the target rejected "
+        "(or whose schema id cannot be resolved), with the reason (source part); a restart "
+        "of the flow retries them",
     )
     unreachable: list[str] = Field(
         default_factory=list,

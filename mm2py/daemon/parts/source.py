@@ -52,6 +52,7 @@ from mm2py.replication.copy_loop import (
 from mm2py.replication.exactly_once import transactional_id
 from mm2py.replication.offset_syncs import OffsetSyncWriter, ensure_offset_syncs_topic
 from mm2py.replication.progress import ProgressStore, SourcePartition
+from mm2py.replication.schemas import SchemaStats, SchemaTranslator, translator_for
 from mm2py.replication.stats import ReplicationStats
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,8 @@ class SourcePart(FlowPart):
         # Partitions copied with a delivery report per record since a run of theirs was
         # not proven (mm2py.replication.copy_loop), while this part lives.
         self._careful: set[SourcePartition] = set()
+        # Schema registry replication's counts, over every loop of this part.
+        self.schema_stats = SchemaStats()
 
     def failed_partitions(self) -> dict[str, str]:
         """Partitions stopped by a rejected record, with the reason (from any thread)."""
@@ -221,6 +224,15 @@ class SourcePart(FlowPart):
                 "logger": reset_log,
             },
         )
+        schemas: SchemaTranslator | None = None
+        if flow.settings.schema_registry_sync_enabled:
+            schemas = translator_for(
+                flow.name,
+                self.source,
+                self.target,
+                flow.settings.schema_registry_unresolved_ids,
+                self.schema_stats,
+            )
         loop = CopyLoop(
             flow.name,
             flow.target,
@@ -237,6 +249,7 @@ class SourcePart(FlowPart):
             careful=self._careful,
             # A configured linger is the user's trade of latency for batching: kept.
             send_when_caught_up=not any(key in target_props for key in LINGER_KEYS),
+            schemas=schemas,
         )
         reset_log.on_reset = loop.offset_reset
         self._loop = loop
@@ -263,6 +276,8 @@ class SourcePart(FlowPart):
             finally:
                 consumer.close()
                 progress.close()
+                if schemas is not None:
+                    schemas.close()
                 discovering.join(5)
 
     def _copy(self, loop: CopyLoop, found: queue.SimpleQueue[TopicChanges]) -> None:

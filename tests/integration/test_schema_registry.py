@@ -1,0 +1,283 @@
+"""Schema registry replication against real brokers and two real registries (Apicurio).
+
+One daemon copies `sr-<run>.*` from A to B with ``schema.registry.sync.enabled``; each
+test writes its own topic with confluent-kafka's serializers against A's registry and
+reads the copies with confluent-kafka's deserializers against B's registry. B's registry
+holds schemas of its own before the daemon starts, so the same schema has another id
+there, and every copy must carry B's id.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from confluent_kafka.schema_registry import (
+    Schema,
+    SchemaReference,
+    SchemaRegistryClient,
+)
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
+from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.descriptor_pb2 import FieldDescriptorProto
+
+from mm2py.compat.schema_framing import schema_id
+from mm2py.dev.launcher import LocalCluster
+from tests.conftest import Clusters, Registries
+from tests.daemon_harness import RunningDaemon, mm2_properties, running_daemon
+from tests.kafka_helpers import Rec, create_topic, produce, read_all, wait_until
+
+pytestmark = pytest.mark.integration
+FieldType = FieldDescriptorProto.Type
+Label = FieldDescriptorProto.Label
+
+RUN = f"sr-{uuid.uuid4().hex[:6]}"
+ORDER = {
+    "type": "record",
+    "name": "Order",
+    "namespace": "mm2py.test",
+    "fields": [{"name": "id", "type": "long"}, {"name": "item", "type": "string"}],
+}
+ORDER_V2 = {
+    **ORDER,
+    "fields": [*ORDER["fields"], {"name": "note", "type": "string", "default": ""}],
+}
+KEY = {
+    "type": "record",
+    "name": "OrderKey",
+    "namespace": "mm2py.test",
+    "fields": [{"name": "customer", "type": "string"}],
+}
+
+
+@dataclass
+class Setup:
+    a: LocalCluster
+    b: LocalCluster
+    source: SchemaRegistryClient  # A's registry
+    target: SchemaRegistryClient  # B's registry
+    daemon: RunningDaemon
+
+
+@pytest.fixture(scope="module")
+def setup(
+    clusters: Clusters, registries: Registries, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Setup]:
+    a, b = clusters["A"], clusters["B"]
+    reg_a, reg_b = registries["A"], registries["B"]
+    source = SchemaRegistryClient({"url": reg_a.url})
+    target = SchemaRegistryClient({"url": reg_b.url})
+    # B's registry holds other schemas first: the same schema gets another id there.
+    for i in range(7):
+        fields = [{"name": f"f{i}", "type": "int"}]
+        schema = {"type": "record", "name": f"Other{i}", "fields": fields}
+        target.register_schema(f"{RUN}-other-value", Schema(json.dumps(schema), "AVRO"))
+    path = tmp_path_factory.mktemp("schemas") / "mm2.properties"
+    extra = {
+        "schema.registry.sync.enabled": "true",
+        "A.schema.registry.url": reg_a.url,
+        "B.schema.registry.url": reg_b.url,
+    }
+    path.write_text(mm2_properties(a, b, f"{RUN}.*", **extra))
+    with running_daemon(path) as daemon:
+        yield Setup(a, b, source, target, daemon)
+
+
+def _copies(b: LocalCluster, remote: str, count: int) -> list[Rec]:
+    def probe() -> list[Rec] | None:
+        try:
+            records = read_all(b, remote, timeout=5)
+        except Exception:
+            return None
+        return records if len(records) >= count else None
+
+    return wait_until(probe, 60, 0.5, f"{count} records in {remote}")
+
+
+def _order(pair: tuple[dict[str, Any], dict[str, Any]]) -> tuple[str, int]:
+    return pair[0]["customer"], pair[1]["id"]
+
+
+def _ctx(topic: str, field: str = MessageField.VALUE) -> SerializationContext:
+    return SerializationContext(topic, field)
+
+
+def test_avro_keys_and_values_get_the_targets_ids(setup: Setup) -> None:
+    a, b, source, target = setup.a, setup.b, setup.source, setup.target
+    topic = f"{RUN}.avro"
+    create_topic(a, topic, partitions=2)
+    values = AvroSerializer(source, json.dumps(ORDER))
+    keys = AvroSerializer(source, json.dumps(KEY))
+    orders = [({"customer": f"c{i % 3}"}, {"id": i, "item": f"item-{i}"}) for i in range(20)]
+    records = [
+        (i % 2, keys(k, _ctx(topic, MessageField.KEY)), values(v, _ctx(topic)))
+        for i, (k, v) in enumerate(orders)
+    ]
+    produce(a, topic, records)
+
+    copies = _copies(b, f"A.{topic}", len(records))
+    remote = f"A.{topic}"
+    read_values = AvroDeserializer(target)
+    read_keys = AvroDeserializer(target)
+    got = [
+        (read_keys(c.key, _ctx(remote, MessageField.KEY)), read_values(c.value, _ctx(remote)))
+        for c in copies
+    ]
+    assert sorted(got, key=_order) == sorted(orders, key=_order)
+    assert len(copies) == len(records)  # one record out per record in
+    # The payloads are the source's bytes; only the ids differ, and they are B's.
+    source_ids = {schema_id(r[2]) for r in records} | {schema_id(r[1]) for r in records}
+    target_ids = {schema_id(c.value) for c in copies} | {schema_id(c.key) for c in copies}
+    assert source_ids.isdisjoint(target_ids)
+    assert sorted(c.value[5:] for c in copies) == sorted(r[2][5:] for r in records)
+    for subject in (f"{remote}-value", f"{remote}-key"):
+        latest = target.get_latest_version(subject)
+        assert latest.schema_id in target_ids
+    assert target.get_latest_version(f"{remote}-value").schema.schema_str == (
+        source.get_latest_version(f"{topic}-value").schema.schema_str
+    )
+
+
+def test_json_schema_values(setup: Setup) -> None:
+    a, b, source, target = setup.a, setup.b, setup.source, setup.target
+    topic = f"{RUN}.json"
+    create_topic(a, topic)
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "title": "Payment",
+        "type": "object",
+        "properties": {"amount": {"type": "number"}, "currency": {"type": "string"}},
+        "required": ["amount"],
+    }
+    write = JSONSerializer(json.dumps(schema), source)
+    payments = [{"amount": i * 1.5, "currency": "EUR"} for i in range(10)]
+    produce(a, topic, [(0, None, write(p, _ctx(topic))) for p in payments])
+
+    copies = _copies(b, f"A.{topic}", len(payments))
+    read = JSONDeserializer(None, schema_registry_client=target)
+    assert [read(c.value, _ctx(f"A.{topic}")) for c in copies] == payments
+    assert target.get_schema(schema_id(copies[0].value)).schema_type == "JSON"
+
+
+def _protobuf_messages(package: str) -> tuple[Any, Any]:
+    """Two message classes, Ping and Pong, of one .proto file (built at run time)."""
+    proto = descriptor_pb2.FileDescriptorProto(
+        name=f"{package}.proto", package=package, syntax="proto3"
+    )
+    ping = proto.message_type.add(name="Ping")
+    ping.field.add(name="n", number=1, type=FieldType.TYPE_INT32, label=Label.LABEL_OPTIONAL)
+    pong = proto.message_type.add(name="Pong")
+    pong.field.add(name="s", number=1, type=FieldType.TYPE_STRING, label=Label.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return tuple(
+        message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{name}"))
+        for name in ("Ping", "Pong")
+    )  # type: ignore[return-value]
+
+
+def test_protobuf_values_keep_their_message_indexes(setup: Setup) -> None:
+    a, b, source, target = setup.a, setup.b, setup.source, setup.target
+    topic = f"{RUN}.proto"
+    create_topic(a, topic)
+    _, pong = _protobuf_messages(f"mm2py.{RUN.replace('-', '_')}")
+    conf = {"use.deprecated.format": False}
+    write = ProtobufSerializer(pong, source, conf)
+    # Pong is the file's second message: its records carry message indexes [1].
+    records = [write(pong(s=f"pong-{i}"), _ctx(topic)) for i in range(3)]
+    assert records[0][5:7] == bytes([0x02, 0x02])
+    produce(a, topic, [(0, None, value) for value in records])
+
+    copies = _copies(b, f"A.{topic}", 3)
+    read = ProtobufDeserializer(pong, conf, target)
+    assert [read(c.value, _ctx(f"A.{topic}")).s for c in copies] == ["pong-0", "pong-1", "pong-2"]
+    target_id = schema_id(copies[0].value)
+    assert target_id is not None and target_id != schema_id(records[0])
+    assert [c.value[5:] for c in copies] == [r[5:] for r in records]  # indexes and message
+    copied = target.get_schema(target_id)
+    assert copied.schema_type == "PROTOBUF"
+    assert target.get_latest_version(f"A.{topic}-value").schema_id == target_id
+
+
+def test_references_are_copied_first(setup: Setup) -> None:
+    a, b, source, target = setup.a, setup.b, setup.source, setup.target
+    topic = f"{RUN}.refs"
+    create_topic(a, topic)
+    address = {
+        "type": "record",
+        "name": "Address",
+        "namespace": "mm2py.test",
+        "fields": [{"name": "city", "type": "string"}],
+    }
+    customer = {
+        "type": "record",
+        "name": "Customer",
+        "namespace": "mm2py.test",
+        "fields": [{"name": "name", "type": "string"}, {"name": "home", "type": "Address"}],
+    }
+    ref_subject = f"{RUN}-address"
+    source.register_schema(ref_subject, Schema(json.dumps(address), "AVRO"))
+    reference = SchemaReference("mm2py.test.Address", ref_subject, 1)
+    source.register_schema(f"{topic}-value", Schema(json.dumps(customer), "AVRO", [reference]))
+    write = AvroSerializer(
+        source, None, conf={"auto.register.schemas": False, "use.latest.version": True}
+    )
+    people = [{"name": f"n{i}", "home": {"city": f"city-{i}"}} for i in range(5)]
+    produce(a, topic, [(0, None, write(p, _ctx(topic))) for p in people])
+
+    copies = _copies(b, f"A.{topic}", len(people))
+    read = AvroDeserializer(target)
+    assert [read(c.value, _ctx(f"A.{topic}")) for c in copies] == people
+    copied = target.get_latest_version(f"A.{topic}-value")
+    assert [(r.name, r.subject) for r in copied.schema.references] == [
+        ("mm2py.test.Address", ref_subject)
+    ]
+    assert target.get_latest_version(ref_subject).schema.schema_str == json.dumps(address)
+
+
+def test_schema_registered_after_the_start_and_unknown_ids(setup: Setup) -> None:
+    a, b, source, target = setup.a, setup.b, setup.source, setup.target
+    topic = f"{RUN}.late"
+    create_topic(a, topic, partitions=2)
+    v1 = AvroSerializer(source, json.dumps(ORDER))
+    produce(a, topic, [(0, None, v1({"id": 1, "item": "x"}, _ctx(topic)))])
+    _copies(b, f"A.{topic}", 1)
+    # A second version, registered while the daemon copies the topic.
+    v2 = AvroSerializer(source, json.dumps(ORDER_V2))
+    later = [{"id": i, "item": "y", "note": f"v2-{i}"} for i in range(4)]
+    produce(a, topic, [(0, None, v2(o, _ctx(topic))) for o in later])
+    # An id A's registry never gave: partition 1 stops at it, partition 0 goes on.
+    good = v1({"id": 7, "item": "before"}, _ctx(topic))
+    unknown = b"\x00" + (987654).to_bytes(4, "big") + good[5:]
+    produce(a, topic, [(1, None, good), (1, None, unknown), (1, None, good)])
+    produce(a, topic, [(0, None, v2({"id": 9, "item": "z", "note": "after"}, _ctx(topic)))])
+
+    copies = _copies(b, f"A.{topic}", 7)
+    read = AvroDeserializer(target)
+    by_partition = {
+        p: [read(c.value, _ctx(f"A.{topic}")) for c in copies if c.partition == p] for p in (0, 1)
+    }
+    assert by_partition[0][1:] == [*later, {"id": 9, "item": "z", "note": "after"}]
+    assert by_partition[1] == [{"id": 7, "item": "before"}]  # nothing after the unknown id
+    assert len(target.get_versions(f"A.{topic}-value")) == 2
+    daemon = setup.daemon
+    named = f"schema id 987654 of the value of record {topic}-1 offset 1 cannot be resolved"
+    wait_until(lambda: named in daemon.log(), what="the error naming the record and its id")
+
+    def stopped() -> str | None:
+        for part in daemon.status_json("A->B")["parts"]:
+            reason: str | None = part.get("failed_partitions", {}).get(f"A.{topic}-1")
+            if reason:
+                return reason
+        return None
+
+    assert named in wait_until(stopped, what="partition 1 shown as stopped")
+    metrics = daemon.metrics()
+    assert 'mm2py_errors_total{part="source",source="A",target="B"}' in metrics
