@@ -41,7 +41,13 @@ from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.daemon.metrics import Metrics
 from mm2py.daemon.part import FlowPart, freeze_start_up
 from mm2py.daemon.reachability import Reachability
-from mm2py.replication.stats import Extremes, PartitionStats, ReplicationStats, summed
+from mm2py.replication.stats import (
+    Extremes,
+    PartitionStats,
+    ReplicationStats,
+    SchemaStats,
+    summed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +68,7 @@ class TaskReport:
     restarts: int = 0  # restarts done on request in this process
     error: str | None = None  # why the task ended, if it failed
     trace: str | None = None
+    schemas: SchemaStats | None = None  # the task's schema registry counts (all, not changes)
 
 
 class TaskPart(FlowPart):
@@ -174,6 +181,8 @@ class TaskPart(FlowPart):
     def _take(self, report: TaskReport) -> None:
         self.report = report
         self.node_stats.update(self.slot.id, report.stats)
+        if report.schemas is not None:
+            self.node_stats.update_schemas(self.slot.id, report.schemas)
         if report.errors:
             self.errors.inc(report.errors)
         for alias in report.unreachable:
@@ -291,6 +300,8 @@ class NodeStats(ReplicationStats):
         self._lock = threading.Lock()
         self._earlier: dict[tuple[str, int], PartitionStats] = {}
         self._current: dict[int, dict[tuple[str, int], PartitionStats]] = {}
+        self._schemas_earlier = SchemaStats()
+        self._schemas_current: dict[int, SchemaStats] = {}
 
     def update(self, task: int, changed: dict[tuple[str, int], PartitionStats]) -> None:
         """A task's report: the partitions whose statistics changed since its last one."""
@@ -299,6 +310,12 @@ class NodeStats(ReplicationStats):
             if changed or not current:
                 current.update(changed)
                 self._rebuild()
+
+    def update_schemas(self, task: int, counts: SchemaStats) -> None:
+        """A task's report of its schema registry counts (its process's totals)."""
+        with self._lock:
+            self._schemas_current[task] = counts
+            self._rebuild()
 
     def task_partitions(self, task: int) -> list[tuple[str, int]]:
         """The partitions the running task has reported (none once it is retired)."""
@@ -312,6 +329,9 @@ class NodeStats(ReplicationStats):
                 kept = summed([self._earlier.get(key, PartitionStats()), stats])
                 kept.lag = 0
                 self._earlier[key] = kept
+            ended = self._schemas_current.pop(task, None)
+            if ended is not None:
+                self._schemas_earlier.add(ended)
             self._rebuild()
 
     def _rebuild(self) -> None:
@@ -321,6 +341,11 @@ class NodeStats(ReplicationStats):
                 earlier = self._earlier.get(key)
                 merged[key] = now if earlier is None else _continued(earlier, now)
         self.partitions = merged
+        if self._schemas_current or self.schemas is not None:
+            schemas = SchemaStats()
+            for counts in (self._schemas_earlier, *self._schemas_current.values()):
+                schemas.add(counts)
+            self.schemas = schemas
 
 
 def _continued(earlier: PartitionStats, now: PartitionStats) -> PartitionStats:
@@ -406,6 +431,7 @@ def task_main(
                 restarts=restarts,
                 error=str(failure) if failure is not None else None,
                 trace=part.error_trace if final else None,
+                schemas=copy.copy(part.stats.schemas),
             )
         )
         counted = now_counted

@@ -68,6 +68,40 @@ SKIPPED = (
     " (retention, truncation, delete_records) before they were copied.",
 )
 
+# Schema registry replication (``schema.registry.sync.enabled``), per flow: family, and
+# the SchemaStats field it shows.
+SCHEMA_FAMILIES = (
+    (
+        (
+            "mm2py_schemas_copied",
+            "counter",
+            "Schema versions registered in the target's registry (new, or found there).",
+        ),
+        "schemas_copied",
+    ),
+    (
+        (
+            "mm2py_schema_ids_translated",
+            "counter",
+            "Framed keys and values copied with the target registry's schema id.",
+        ),
+        "ids_translated",
+    ),
+    (
+        ("mm2py_schema_registry_lookups", "counter", "Requests to the two schema registries."),
+        "lookups",
+    ),
+    (
+        (
+            "mm2py_schema_failures",
+            "counter",
+            "Schema ids that could not be resolved (their partition stops, or with "
+            "schema.registry.unresolved.ids = copy their records are copied as they are).",
+        ),
+        "failures",
+    ),
+)
+
 
 # MM2's metrics as the Prometheus JMX exporter renders its MBeans with Strimzi's rules
 # (kafka.connect.mirror:type=MirrorSourceConnector,... -> lower case, - to _, gauges),
@@ -268,6 +302,13 @@ class ReplicationCollector(Collector):
                 age.add_metric(values, stats.record_age.buckets(), stats.record_age.total)
                 latency.add_metric(values, stats.latency.buckets(), stats.latency.total)
         yield from (records, size, lag, age, latency, skipped)
+        with_schemas = [(flow, flow.schemas) for flow in flows if flow.schemas is not None]
+        if with_schemas:
+            for (name, _kind, documentation), attr in SCHEMA_FAMILIES:
+                counter = CounterMetricFamily(name, documentation, labels=["source", "target"])
+                for flow, counts in with_schemas:
+                    counter.add_metric([flow.source, flow.target], getattr(counts, attr))
+                yield counter
         for name, documentation, mirror in self.mirror_families():
             family = GaugeMetricFamily(
                 name, documentation, labels=[k for k, _v in mirror[0][0]] if mirror else []
@@ -319,6 +360,15 @@ class ReplicationCollector(Collector):
                 out.append(f"{name}_sum{{{labels}}} {_value(h.total)}\n")
         name = _header(out, SKIPPED)
         out += [f"{name}{{{labels}}} {_value(count)}\n" for labels, count in skipped]
+        with_schemas = [(flow, flow.schemas) for flow in flows if flow.schemas is not None]
+        if with_schemas:
+            for family, attr in SCHEMA_FAMILIES:
+                name = _header(out, family)
+                out += [
+                    f'{name}{{source="{_escape(flow.source)}",target="{_escape(flow.target)}"}} '
+                    f"{_value(getattr(counts, attr))}\n"
+                    for flow, counts in with_schemas
+                ]
         for name, documentation, mirror in self.mirror_families():
             _header(out, (name, "gauge", documentation))
             out += [

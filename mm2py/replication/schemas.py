@@ -35,7 +35,6 @@ only, that source header itself for an id found unresolvable).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from mm2py.compat.schema_framing import (
@@ -46,6 +45,7 @@ from mm2py.compat.schema_framing import (
     topic_subjects,
 )
 from mm2py.config import ClusterConfig
+from mm2py.replication.stats import SchemaStats
 
 log = logging.getLogger(__name__)
 
@@ -67,22 +67,6 @@ class UnresolvedSchema(Exception):
 
 class RegistryUnavailable(RuntimeError):
     """A schema registry could not be asked (the part restarts with backoff)."""
-
-
-@dataclass
-class SchemaStats:
-    """What a flow's translator counted (read by the daemon's metrics)."""
-
-    schemas_copied: int = 0  # schema versions registered on the target (new or found there)
-    ids_translated: int = 0  # framed keys and values given the target's id
-    lookups: int = 0  # requests to either registry
-    failures: int = 0  # ids that could not be resolved
-
-    def add(self, other: SchemaStats) -> None:
-        self.schemas_copied += other.schemas_copied
-        self.ids_translated += other.ids_translated
-        self.lookups += other.lookups
-        self.failures += other.failures
 
 
 def header(schema_id: int) -> bytes:

@@ -141,6 +141,22 @@ def summed(partitions: Iterable[PartitionStats]) -> PartitionStats:
     return out
 
 
+@dataclass
+class SchemaStats:
+    """What schema registry replication counted for a flow (mm2py.replication.schemas)."""
+
+    schemas_copied: int = 0  # schema versions registered on the target (new or found there)
+    ids_translated: int = 0  # framed keys and values given the target's id
+    lookups: int = 0  # requests to either registry
+    failures: int = 0  # ids that could not be resolved
+
+    def add(self, other: SchemaStats) -> None:
+        self.schemas_copied += other.schemas_copied
+        self.ids_translated += other.ids_translated
+        self.lookups += other.lookups
+        self.failures += other.failures
+
+
 class ReplicationStats:
     """Per-flow statistics of the source part, keyed by (remote topic, partition).
 
@@ -157,6 +173,8 @@ class ReplicationStats:
         self.partition_labels = partition_labels
         self.mm2_names = mm2_names
         self.partitions: dict[tuple[str, int], PartitionStats] = {}
+        # Schema registry replication's counts, when the flow has it on.
+        self.schemas: SchemaStats | None = None
         # When `roll` next looks at the partitions' windows (never without mm2_names).
         self._next_roll = 0.0 if mm2_names else math.inf
 

@@ -101,6 +101,14 @@ def _copies(b: LocalCluster, remote: str, count: int) -> list[Rec]:
     return wait_until(probe, 60, 0.5, f"{count} records in {remote}")
 
 
+def _metric(daemon: RunningDaemon, name: str) -> float:
+    """The value of the flow A->B's series of `name` on /metrics (0 when absent)."""
+    for line in daemon.metrics().splitlines():
+        if line.startswith(name + '{source="A",target="B"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def _order(pair: tuple[dict[str, Any], dict[str, Any]]) -> tuple[str, int]:
     return pair[0]["customer"], pair[1]["id"]
 
@@ -279,5 +287,58 @@ def test_schema_registered_after_the_start_and_unknown_ids(setup: Setup) -> None
         return None
 
     assert named in wait_until(stopped, what="partition 1 shown as stopped")
-    metrics = daemon.metrics()
-    assert 'mm2py_errors_total{part="source",source="A",target="B"}' in metrics
+    assert 'mm2py_errors_total{part="source",source="A",target="B"}' in daemon.metrics()
+    wait_until(lambda: _metric(daemon, "mm2py_schema_failures_total") >= 1, what="failures")
+    assert _metric(daemon, "mm2py_schema_ids_translated_total") >= 6
+    assert _metric(daemon, "mm2py_schemas_copied_total") >= 2
+    assert _metric(daemon, "mm2py_schema_registry_lookups_total") >= 4
+
+
+def test_every_version_of_a_subject_is_copied_in_order_with_its_compatibility(
+    setup: Setup,
+) -> None:
+    a, b, source, target = setup.a, setup.b, setup.source, setup.target
+    topic = f"{RUN}.history"
+    subject = f"{topic}-value"
+    source.set_compatibility(subject, "FORWARD")
+    versions = [
+        {
+            **ORDER,
+            "fields": [
+                *ORDER["fields"],
+                *[{"name": f"x{n}", "type": "int", "default": 0} for n in range(i)],
+            ],
+        }
+        for i in range(3)
+    ]
+    for schema in versions:
+        source.register_schema(subject, Schema(json.dumps(schema), "AVRO"))
+    create_topic(a, topic)
+    # Only the last version is in a record; every version is copied when the topic is.
+    last = AvroSerializer(
+        source, None, conf={"auto.register.schemas": False, "use.latest.version": True}
+    )
+    produce(a, topic, [(0, None, last({"id": 1, "item": "i", "x0": 0, "x1": 1}, _ctx(topic)))])
+
+    _copies(b, f"A.{topic}", 1)
+    remote = f"A.{topic}-value"
+    copied = [target.get_version(remote, v).schema.schema_str for v in target.get_versions(remote)]
+    assert copied == [source.get_version(subject, v).schema.schema_str for v in (1, 2, 3)]
+    assert target.get_compatibility(remote) == "FORWARD"
+
+
+def test_unresolved_ids_copied_as_they_are_when_asked(setup: Setup) -> None:
+    """``schema.registry.unresolved.ids = copy``: the translator gives an unknown id back
+    as it is (counted), and still translates the ids it can."""
+    from mm2py.replication.schemas import SchemaTranslator, header
+
+    source, target = setup.source, setup.target
+    translator = SchemaTranslator("A->B", source, target, unresolved="copy")
+    topic = f"{RUN}.copy-mode"
+    unknown = header(987655)
+    assert translator.resolve(topic, f"A.{topic}", unknown, False) == unknown
+    assert translator.heads(topic)[unknown] == unknown
+    known = source.register_schema(f"{topic}-value", Schema(json.dumps(KEY), "AVRO"))
+    got = translator.resolve(topic, f"A.{topic}", header(known), False)
+    assert got == header(target.get_latest_version(f"A.{topic}-value").schema_id)
+    assert translator.stats.failures == 1 and translator.stats.schemas_copied == 1

@@ -52,8 +52,8 @@ from mm2py.replication.copy_loop import (
 from mm2py.replication.exactly_once import transactional_id
 from mm2py.replication.offset_syncs import OffsetSyncWriter, ensure_offset_syncs_topic
 from mm2py.replication.progress import ProgressStore, SourcePartition
-from mm2py.replication.schemas import SchemaStats, SchemaTranslator, translator_for
-from mm2py.replication.stats import ReplicationStats
+from mm2py.replication.schemas import SchemaTranslator, translator_for
+from mm2py.replication.stats import ReplicationStats, SchemaStats
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,8 @@ class SourcePart(FlowPart):
         # not proven (mm2py.replication.copy_loop), while this part lives.
         self._careful: set[SourcePartition] = set()
         # Schema registry replication's counts, over every loop of this part.
-        self.schema_stats = SchemaStats()
+        if flow.settings.schema_registry_sync_enabled:
+            self.stats.schemas = SchemaStats()
 
     def failed_partitions(self) -> dict[str, str]:
         """Partitions stopped by a rejected record, with the reason (from any thread)."""
@@ -231,7 +232,7 @@ class SourcePart(FlowPart):
                 self.source,
                 self.target,
                 flow.settings.schema_registry_unresolved_ids,
-                self.schema_stats,
+                self.stats.schemas,
             )
         loop = CopyLoop(
             flow.name,

@@ -16,7 +16,7 @@ from pytest import MonkeyPatch
 from mm2py.config import load_config
 from mm2py.daemon.metrics import Metrics, exposition
 from mm2py.replication.copy_loop import ACK_POLL_MAX, ACK_POLL_TIMEOUT, CopyLoop, NewPartition
-from mm2py.replication.stats import LATENCY_BUCKETS, ReplicationStats, summed
+from mm2py.replication.stats import LATENCY_BUCKETS, ReplicationStats, SchemaStats, summed
 from tests.unit.replication.test_copy_loop import FakeConsumer, FakeProducer, FakeProgress, Record
 
 FAMILIES = (
@@ -190,12 +190,14 @@ def test_exposition_writes_what_prometheus_client_writes() -> None:
     skipping.partitions[("A.t", 1)].skipped = 40
     skipping.partitions[("A.t", 0)].lag = 12345678901
     skipping.partitions[("A.u", 0)].latency.observe(1e-7)
+    skipping.schemas = SchemaStats(schemas_copied=3, ids_translated=120, lookups=9, failures=1)
     metrics.replication.add(skipping)
     metrics.errors.labels("A", "B", "source").inc()
     metrics.flow_info.labels("A->B", "A", "B").set(1)
     metrics.checkpoint_latency.labels("A", "B", "g").observe(0.3)
     expected = generate_latest(metrics.registry)
     assert "mm2py_records_total" in expected.decode() and "mm2py_errors_total" in expected.decode()
+    assert 'mm2py_schema_ids_translated_total{source="E",target="B"} 120.0' in expected.decode()
     assert exposition(metrics.registry) == expected
     assert exposition(metrics.registry) == expected  # the collector is back in the registry
     assert exposition(CollectorRegistry()) == b""
