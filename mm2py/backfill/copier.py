@@ -43,6 +43,13 @@ from mm2py.replication import client_settings, transactions
 from mm2py.replication.client_settings import copy_settings
 from mm2py.replication.offset_syncs import OffsetSyncWriter, SyncRule
 from mm2py.replication.progress import ProgressStore
+from mm2py.replication.schemas import (
+    RegistryUnavailable,
+    SchemaTranslator,
+    UnresolvedMode,
+    UnresolvedSchema,
+    translator_for,
+)
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +112,11 @@ class RangeTask:
     # Where offset syncs go (None: emit.offset-syncs.enabled = false).
     syncs_props: Mapping[str, str] | None = field(default=None, repr=False)
     syncs_topic: str = ""
+    # Schema registry replication: the source's and the target's registry client settings
+    # and schema.registry.unresolved.ids (None: ids are copied as they are).
+    schema_registries: tuple[Mapping[str, str], Mapping[str, str], str] | None = field(
+        default=None, repr=False
+    )
 
 
 @dataclass
@@ -205,6 +217,7 @@ def copy_range(task: RangeTask, attempt: int = 0) -> RangeResult:
     )
     sync_writer = _SyncWriter(task)
     syncs_written = 0
+    schemas = _translator(task)
     try:
         producer.init_transactions(WRITE_TIMEOUT)  # fences an earlier attempt
         if attempt:
@@ -216,7 +229,7 @@ def copy_range(task: RangeTask, attempt: int = 0) -> RangeResult:
         consumer.assign([TopicPartition(r.topic, r.partition, position.next_offset)])
         while not position.done:
             producer.begin_transaction()
-            _copy_records(task, consumer, producer, marks, position, txn_log)
+            _copy_records(task, consumer, producer, marks, position, txn_log, schemas)
             last_read = r.end - 1 if position.done else position.next_offset - 1
             if last_read >= r.start:
                 store.write_in_transaction(producer, {r.source_partition: last_read})
@@ -236,6 +249,8 @@ def copy_range(task: RangeTask, attempt: int = 0) -> RangeResult:
     finally:
         consumer.close()
         store.close()
+        if schemas is not None:
+            schemas.close()
     return RangeResult(
         r,
         position.records,
@@ -255,8 +270,11 @@ def _copy_records(
     marks: _Marks,
     position: _Position,
     txn_log: transactions.TransactionLog,
+    schemas: SchemaTranslator | None = None,
 ) -> None:
-    """Produce committed records until the range's end or the commit interval is over."""
+    """Produce committed records until the range's end or the commit interval is over.
+    With `schemas`, framed keys and values get the target registry's schema ids; an id
+    that cannot be resolved fails the range (its transaction is aborted)."""
     r = task.range
     end, remote, partition = r.end, task.remote_topic, r.partition
     produce, ack = producer.produce, marks.ack
@@ -301,6 +319,8 @@ def _copy_records(
                     position.done = True
                     return
                 key, value = msg.key(), msg.value()
+                if schemas is not None:
+                    key, value = _translated(task, schemas, offset, key, value)
                 timestamp, headers = msg.timestamp()[1], msg.headers()
                 marked = offset != expected or msg is last_msg or offset == end - 1
                 try:
@@ -332,6 +352,46 @@ def _copy_records(
                 return
     finally:
         position.records, position.bytes = index, nbytes
+
+
+def _translator(task: RangeTask) -> SchemaTranslator | None:
+    """The range's schema id translator (its topic's subjects copied first), if any."""
+    if task.schema_registries is None:
+        return None
+    source, target, unresolved = task.schema_registries
+    mode: UnresolvedMode = "copy" if unresolved == "copy" else "fail"
+    schemas = translator_for(task.flow, source, target, mode)
+    try:
+        schemas.copy_subjects(task.range.topic, task.remote_topic)
+    except (UnresolvedSchema, RegistryUnavailable) as exc:
+        log.warning(
+            "flow %s: the subjects of %s were not copied up front (%s); its schema ids are "
+            "resolved when records need them",
+            task.flow,
+            task.range.topic,
+            exc,
+        )
+    return schemas
+
+
+def _translated(
+    task: RangeTask, schemas: SchemaTranslator, offset: int, key: Any, value: Any
+) -> tuple[Any, Any]:
+    """A record's key and value with the target's schema ids; RangeCopyError naming the
+    record when an id cannot be resolved (nothing is copied with a wrong id)."""
+    r = task.range
+    try:
+        return (
+            schemas.translate(r.topic, task.remote_topic, key, True),
+            schemas.translate(r.topic, task.remote_topic, value, False),
+        )
+    except UnresolvedSchema as exc:
+        raise RangeCopyError(
+            f"flow {task.flow}: copying {r}: record {r.topic}-{r.partition} offset {offset}: "
+            f"{exc}; schema.registry.unresolved.ids = copy copies such records unchanged"
+        ) from None
+    except RegistryUnavailable as exc:
+        raise RangeCopyError(f"flow {task.flow}: copying {r}: {exc}") from None
 
 
 class _SyncWriter:

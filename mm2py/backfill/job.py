@@ -353,6 +353,13 @@ def _task_factory(
     source_props = source.librdkafka("consumer")
     target_props = target.librdkafka("producer")
     syncs_props = syncs_cluster.librdkafka("producer") if syncs_topic else None
+    registries = None
+    if flow.settings.schema_registry_sync_enabled:
+        registries = (
+            source.schema_registry_client(),
+            target.schema_registry_client(),
+            flow.settings.schema_registry_unresolved_ids,
+        )
 
     def task_for(r: OffsetRange) -> RangeTask:
         return RangeTask(
@@ -369,6 +376,7 @@ def _task_factory(
             target_props,
             syncs_props,
             syncs_topic or "",
+            registries,
         )
 
     return task_for

@@ -28,6 +28,8 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor_pb2 import FieldDescriptorProto
 
+from mm2py.backfill.copier import RangeCopyError, RangeTask, copy_range
+from mm2py.backfill.plan import OffsetRange
 from mm2py.compat.schema_framing import schema_id
 from mm2py.dev.launcher import LocalCluster
 from tests.conftest import Clusters, Registries
@@ -64,6 +66,8 @@ class Setup:
     source: SchemaRegistryClient  # A's registry
     target: SchemaRegistryClient  # B's registry
     daemon: RunningDaemon
+    source_url: str
+    target_url: str
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +91,7 @@ def setup(
     }
     path.write_text(mm2_properties(a, b, f"{RUN}.*", **extra))
     with running_daemon(path) as daemon:
-        yield Setup(a, b, source, target, daemon)
+        yield Setup(a, b, source, target, daemon, reg_a.url, reg_b.url)
 
 
 def _copies(b: LocalCluster, remote: str, count: int) -> list[Rec]:
@@ -342,3 +346,48 @@ def test_unresolved_ids_copied_as_they_are_when_asked(setup: Setup) -> None:
     got = translator.resolve(topic, f"A.{topic}", header(known), False)
     assert got == header(target.get_latest_version(f"A.{topic}-value").schema_id)
     assert translator.stats.failures == 1 and translator.stats.schemas_copied == 1
+
+
+def test_backfill_translates_ids_and_fails_a_range_at_an_unknown_id(setup: Setup) -> None:
+    """The backfill's range copier (what a Spark task runs) translates ids as the daemon
+    does; a range that meets an id it cannot resolve fails, naming the record, and its
+    transaction leaves nothing on the target."""
+    a, b, source, target = setup.a, setup.b, setup.source, setup.target
+    topic = f"backfill-{RUN}"  # not replicated by the module's daemon
+    remote = f"A.{topic}"
+    create_topic(a, topic)
+    create_topic(b, remote)
+    write = AvroSerializer(source, json.dumps(ORDER))
+    orders = [{"id": i, "item": f"b{i}"} for i in range(6)]
+    good = [write(o, _ctx(topic)) for o in orders]
+    unknown = b"\x00" + (987656).to_bytes(4, "big") + good[0][5:]
+    produce(a, topic, [(0, None, value) for value in [*good, unknown]])
+
+    def task(start: int, end: int) -> RangeTask:
+        return RangeTask(
+            "A->B",
+            "A",
+            "B",
+            OffsetRange(topic, 0, start, end),
+            remote,
+            f"mm2py-backfill-test-{RUN}-{start}",
+            f"mm2-offsets.{RUN}.internal",
+            1,
+            a.client_properties(),
+            b.client_properties(),
+            schema_registries=(
+                {"url": setup.source_url},
+                {"url": setup.target_url},
+                "fail",
+            ),
+        )
+
+    result = copy_range(task(0, 6))
+    assert result.records == 6
+    read = AvroDeserializer(target)
+    copies = read_all(b, remote)
+    assert [read(c.value, _ctx(remote)) for c in copies] == orders
+    assert target.get_latest_version(f"{remote}-value").schema_id == schema_id(copies[0].value)
+    with pytest.raises(RangeCopyError, match=f"{topic}-0 offset 6: schema id 987656"):
+        copy_range(task(6, 7))
+    assert len(read_all(b, remote)) == 6
