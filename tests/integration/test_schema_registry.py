@@ -13,6 +13,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -391,3 +392,38 @@ def test_backfill_translates_ids_and_fails_a_range_at_an_unknown_id(setup: Setup
     with pytest.raises(RangeCopyError, match=f"{topic}-0 offset 6: schema id 987656"):
         copy_range(task(6, 7))
     assert len(read_all(b, remote)) == 6
+
+
+def test_exactly_once_copies_translated_ids_and_stops_at_an_unknown_one(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """Exactly-once: translated records are committed with their progress; an unknown id
+    aborts the open transaction and the next one goes on without that partition."""
+    a, b, source, target = setup.a, setup.b, setup.source, setup.target
+    topic = f"eos-{RUN}"
+    create_topic(a, topic, partitions=2)
+    write = AvroSerializer(source, json.dumps(ORDER))
+    orders = [{"id": i, "item": f"e{i}"} for i in range(10)]
+    good = write(orders[0], _ctx(topic))
+    unknown = b"\x00" + (987657).to_bytes(4, "big") + good[5:]
+    produce(a, topic, [(0, None, write(o, _ctx(topic))) for o in orders])
+    produce(a, topic, [(1, None, good), (1, None, unknown), (1, None, good)])
+    path = tmp_path / "mm2.properties"
+    extra = {
+        "schema.registry.sync.enabled": "true",
+        "A.schema.registry.url": setup.source_url,
+        "B.schema.registry.url": setup.target_url,
+        "B.exactly.once.source.support": "enabled",
+    }
+    path.write_text(mm2_properties(a, b, topic, **extra))
+    remote = f"A.{topic}"
+    with running_daemon(path) as daemon:
+        copies = _copies(b, remote, len(orders))
+        named = f"schema id 987657 of the value of record {topic}-1 offset 1 cannot be resolved"
+        wait_until(lambda: named in daemon.log(), what="the error naming the record")
+        assert daemon.status_json("A->B")["delivery"] == "exactly-once"
+        copies = read_all(b, remote)
+    read = AvroDeserializer(target)
+    assert [read(c.value, _ctx(remote)) for c in copies if c.partition == 0] == orders
+    on_one = [c.value for c in copies if c.partition == 1]
+    assert len(on_one) <= 1 and all(schema_id(v) != 987657 for v in on_one)
