@@ -19,7 +19,12 @@ as a looser bound: alone, a half has both cores and one busy broker. Then mm2py 
 exactly-once (``mm2py-exactly-once``: ``B.exactly.once.source.support = enabled``,
 ``exactly.once.support = required``, the commit interval mm2py's default unless
 ``--transaction-interval-ms``): its copy ends when a read_committed reader can see
-every record, and its records on B are counted by reading them so. Latency: MM2, mm2py
+every record, and its records on B are counted by reading them so. ``--workloads avro``
+(alone): 2,000,000 x 100 B records in Confluent's framing (a registered Avro schema's
+id, then its payload), copied by mm2py without (``mm2py``) and with schema id
+translation (``mm2py-schemas``: ``schema.registry.sync.enabled``, a registry beside
+each cluster, started here), alternately, COPIES times each; the summary line gives
+translation's extra CPU per record (``schemas_extra_cpu_per_record``). Latency: MM2, mm2py
 and mm2py exactly-once, each replicating its own fresh topic while a producer writes 1
 KiB records into it at a steady 5,000/s, read on B read_committed (exactly-once
 records become visible at their commit, so that wait is in its figure), from the
@@ -97,6 +102,7 @@ from bench.common import (
     add_set_option,
     bench_topic,
     check_alive,
+    check_produced,
     count_records,
     cpu_per_million,
     create_topic,
@@ -137,6 +143,14 @@ MEMORY_DIR: Final = Path("/dev/shm")
 MEMORY_NEEDED: Final = 12 << 30
 # mm2py copying exactly-once: B.exactly.once.source.support = enabled.
 MM2PY_EOS: Final = "mm2py-exactly-once"
+# mm2py with schema.registry.sync.enabled (the avro workload only).
+MM2PY_SCHEMAS: Final = "mm2py-schemas"
+# Framed Avro records: 5 bytes of framing, then an Avro record of one string field.
+AVRO_WORKLOAD: Final = Workload(partitions=8, records=2_000_000, record_bytes=100)
+AVRO_SCHEMA: Final = (
+    '{"type": "record", "name": "BenchRecord", "namespace": "mm2py.bench",'
+    ' "fields": [{"name": "data", "type": "string"}]}'
+)
 SYSTEMS: Final = (PIPE_LIMIT, MIRRORMAKER2, MM2PY, MM2PY_EOS)
 REPLICATORS: Final = (MIRRORMAKER2, MM2PY, MM2PY_EOS)
 WORKLOADS: Final = {"large": STANDARD_WORKLOADS[0], "small": STANDARD_WORKLOADS[1]}
@@ -353,6 +367,7 @@ def replication_throughput(
     run_dir: Path,
     interval_ms: int | None = None,
     settings: Mapping[str, str] | None = None,
+    fill: Callable[[LocalCluster, str, Workload], object] = prefill,
 ) -> dict[str, Any]:
     """`system` copying its own pre-filled copy of `workload` from A to B.
 
@@ -366,7 +381,7 @@ def replication_throughput(
     remote = f"{source.alias}.{topic}"
     try:
         log.info("%s: pre-filling %s on A with %s", system, topic, workload.label)
-        prefill(source, topic, workload)
+        fill(source, topic, workload)
         load = load_averages()
         # A slow machine still finishes: allow 2 MiB/s plus start-up.
         timeout = 180 + workload.total_bytes / (2 * MIB)
@@ -407,10 +422,87 @@ def replication_throughput(
     )
 
 
+def avro_prefill(schema_id: int, cluster: LocalCluster, topic: str, workload: Workload) -> None:
+    """Create `topic` and fill it with `workload.records` framed Avro records of
+    `workload.record_bytes` bytes each (schema `schema_id`: one string field)."""
+    create_topic(cluster, topic, workload.partitions)
+    head = b"\x00" + schema_id.to_bytes(4, "big")
+    # An Avro string: its length as a zigzag varint (2 bytes up to 8191), then the text.
+    text_bytes = workload.record_bytes - len(head) - 2
+    zigzag = text_bytes << 1
+    length = bytes([(zigzag & 0x7F) | 0x80, zigzag >> 7])
+    producer = clients.producer(
+        cluster.client_properties(), {"linger.ms": 20, "batch.size": 1000000, "acks": "1"}
+    )
+    for i in range(workload.records):
+        text = f"{i:012d}".encode().ljust(text_bytes, b"x")
+        value = head + length + text
+        while True:
+            try:
+                producer.produce(topic, value, None, i % workload.partitions)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(120)
+    check_produced(cluster, topic, workload, f"prefill of {topic}")
+
+
+@contextmanager
+def bench_registries(state_dir: Path) -> Iterator[dict[str, str]]:
+    """Schema registries beside A and B (started, and stopped after, unless running)."""
+    from mm2py.dev.registry import LocalRegistries
+
+    registries = LocalRegistries(state_dir)
+    started = [alias for alias in ("A", "B") if registries.pid(alias) is None]
+    try:
+        yield {r.alias: r.url for r in registries.up(["A", "B"])}
+    finally:
+        registries.down(started)
+
+
+def avro_translation(
+    workload: Workload,
+    clusters: dict[str, LocalCluster],
+    run_dir: Path,
+    settings: Mapping[str, str],
+    copies: int,
+    state_dir: Path,
+) -> list[dict[str, Any]]:
+    """mm2py copying framed Avro records without and with schema id translation,
+    alternately, `copies` times each; the fastest copy of each."""
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    with bench_registries(state_dir) as urls:
+        source_registry = SchemaRegistryClient({"url": urls["A"]})
+        schema_id = source_registry.register_schema(
+            f"bench-avro-{uuid.uuid4().hex[:8]}", Schema(AVRO_SCHEMA, "AVRO")
+        )
+        fill = partial(avro_prefill, schema_id)
+        translating = {
+            **settings,
+            "schema.registry.sync.enabled": "true",
+            "A.schema.registry.url": urls["A"],
+            "B.schema.registry.url": urls["B"],
+        }
+        runs: dict[str, list[dict[str, Any]]] = {MM2PY: [], MM2PY_SCHEMAS: []}
+        for _ in range(copies):
+            for system, props in ((MM2PY, settings), (MM2PY_SCHEMAS, translating)):
+                line = replication_throughput(MM2PY, workload, clusters, run_dir, None, props, fill)
+                line["system"] = system
+                line["workload"] = f"avro-{workload.label}"
+                runs[system].append(line)
+    return [best_of(runs[system]) for system in runs]
+
+
 def fastest_copy(copy: Callable[[], dict[str, Any]], times: int) -> dict[str, Any]:
     """`copy` (a system copying a workload) `times` times: the fastest one's line, with
     every copy's records/s, CPU per record and load (``copies``) and their medians."""
-    copies = [copy() for _ in range(times)]
+    return best_of([copy() for _ in range(times)])
+
+
+def best_of(copies: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fastest of `copies` (lines of one system and workload), with every copy's
+    records/s, CPU per record and load (``copies``) and their medians."""
     best = max(copies, key=lambda line: line.get("records_per_s") or 0.0)
     rates = [line["records_per_s"] for line in copies if line.get("records_per_s")]
     cpus = [line["cpu_s_per_m_records"] for line in copies if line.get("cpu_s_per_m_records")]
@@ -762,9 +854,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--workloads",
-        choices=["small", "large", "all"],
+        choices=["small", "large", "all", "avro"],
         default="all",
-        help="throughput workloads: large = 1,000,000 x 1 KiB, small = 2,000,000 x 100 B",
+        help="throughput workloads: large = 1,000,000 x 1 KiB, small = 2,000,000 x 100 B; "
+        "avro (alone): 2,000,000 x 100 B framed Avro, mm2py without and with schema id "
+        "translation",
     )
     parser.add_argument("--quick", action="store_true", help="10x fewer records (smoke run)")
     parser.add_argument(
@@ -812,6 +906,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
     )
     scale = 10 if args.quick else 1
+    if args.workloads == "avro":
+        return avro_main(args, scale)
     names = ["large", "small"] if args.workloads == "all" else [args.workloads]
     workloads = [
         Workload(w.partitions, w.records // scale, w.record_bytes)
@@ -873,6 +969,40 @@ def main(argv: list[str] | None = None) -> int:
             started.down(["A", "B"])
     emit(summary(lines, load_start, load_averages()))
     return 1 if failures else 0
+
+
+def avro_main(args: argparse.Namespace, scale: int) -> int:
+    """``--workloads avro``: mm2py without and with schema id translation, one line each,
+    and a summary line with the extra CPU per record."""
+    workload = Workload(AVRO_WORKLOAD.partitions, AVRO_WORKLOAD.records // scale, 100)
+    copies: int = args.copies if args.copies is not None else (1 if args.quick else COPIES)
+    run_dir = logs_dir() / f"replication-avro-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    state_dir = args.state_dir or default_state_dir()
+    clusters, started = bench_clusters(state_dir)
+    load_start = load_averages()
+    try:
+        lines = avro_translation(workload, clusters, run_dir, dict(args.set), copies, state_dir)
+    finally:
+        if started is not None:
+            started.down(["A", "B"])
+    for line in lines:
+        emit(line)
+    off, on = (line.get("median_cpu_s_per_m_records") for line in lines)
+    emit(
+        {
+            "system": "summary",
+            "workload": f"avro-{workload.label}",
+            "load_avg_start": load_start,
+            "load_avg_end": load_averages(),
+            "records_per_s": {line["system"]: line.get("records_per_s") for line in lines},
+            "median_cpu_s_per_m_records": {
+                line["system"]: line.get("median_cpu_s_per_m_records") for line in lines
+            },
+            "schemas_extra_cpu_per_record": round(on / off - 1, 3) if on and off else None,
+        }
+    )
+    return 0
 
 
 if __name__ == "__main__":
