@@ -1,6 +1,7 @@
 # Two entry points: `make demo` and `make test`. Everything they need is
 # installed here: a local virtualenv with the Python packages, and the Kafka
-# jars from Maven Central (java and mvn come from the machine: OpenJDK 17, Maven).
+# jars and Apicurio Registry (the tests' schema registries) from Maven Central
+# (java and mvn come from the machine: OpenJDK 17, Maven).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
