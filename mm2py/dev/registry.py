@@ -26,7 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mm2py.dev.jars import JarFetchError, cache_root
-from mm2py.dev.launcher import PORT_OFFSET_VARIABLE, LocalClusterError, default_state_dir
+from mm2py.dev.launcher import (
+    PORT_OFFSET_VARIABLE,
+    LocalClusterError,
+    _reserve_ports,
+    default_state_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +150,9 @@ class LocalRegistries:
     def up(self, aliases: Iterable[str], timeout: float = 120.0) -> list[LocalRegistry]:
         """Start the registries that do not run yet and wait until all answer."""
         app = fetch_registry()
+        aliases = list(aliases)
+        # C's port and up lie in Linux's ephemeral range, as the brokers' do (launcher).
+        _reserve_ports(*(registry_port(a) for a in aliases if a in REGISTRY_PORTS))
         started: dict[str, subprocess.Popen[bytes]] = {}
         for alias in aliases:
             if alias not in REGISTRY_PORTS:

@@ -95,7 +95,7 @@ def setup(
         yield Setup(a, b, source, target, daemon, reg_a.url, reg_b.url)
 
 
-def _copies(b: LocalCluster, remote: str, count: int) -> list[Rec]:
+def _copies(b: LocalCluster, remote: str, count: int, timeout: float = 60) -> list[Rec]:
     def probe() -> list[Rec] | None:
         try:
             records = read_all(b, remote, timeout=5)
@@ -103,7 +103,7 @@ def _copies(b: LocalCluster, remote: str, count: int) -> list[Rec]:
             return None
         return records if len(records) >= count else None
 
-    return wait_until(probe, 60, 0.5, f"{count} records in {remote}")
+    return wait_until(probe, timeout, 0.5, f"{count} records in {remote}")
 
 
 def _metric(daemon: RunningDaemon, name: str) -> float:
@@ -427,3 +427,40 @@ def test_exactly_once_copies_translated_ids_and_stops_at_an_unknown_one(
     assert [read(c.value, _ctx(remote)) for c in copies if c.partition == 0] == orders
     on_one = [c.value for c in copies if c.partition == 1]
     assert len(on_one) <= 1 and all(schema_id(v) != 987657 for v in on_one)
+
+
+def test_records_wait_while_the_target_registry_cannot_be_asked(
+    setup: Setup, registries: Registries, tmp_path: Path
+) -> None:
+    """A target registry that does not answer holds the records back (the part restarts
+    with backoff); once it answers, they are copied with its ids. B's registry here is
+    registry C, stopped and started again (empty: Apicurio keeps nothing on disk)."""
+    a, b, source = setup.a, setup.b, setup.source
+    topic = f"unreachable-{RUN}"
+    remote = f"A.{topic}"
+    create_topic(a, topic)
+    path = tmp_path / "mm2.properties"
+    extra = {
+        "schema.registry.sync.enabled": "true",
+        "A.schema.registry.url": setup.source_url,
+        "B.schema.registry.url": registries["C"].url,
+    }
+    path.write_text(mm2_properties(a, b, topic, **extra))
+    v1 = AvroSerializer(source, json.dumps(ORDER))
+    produce(a, topic, [(0, None, v1({"id": 1, "item": "before"}, _ctx(topic)))])
+    with running_daemon(path) as daemon:
+        _copies(b, remote, 1)
+        registries.registries.down(["C"])
+        v2 = AvroSerializer(source, json.dumps(ORDER_V2))
+        later = {"id": 2, "item": "after", "note": "registered while C was down"}
+        produce(a, topic, [(0, None, v2(later, _ctx(topic)))])
+        wait_until(
+            lambda: "the target schema registry could not be asked" in daemon.log(),
+            60,
+            what="the part failing on the target registry",
+        )
+        assert len(read_all(b, remote)) == 1  # nothing copied with a wrong id
+        target = SchemaRegistryClient({"url": registries["C"].url})
+        copies = _copies(b, remote, 2, timeout=180)
+    assert len(copies) == 2
+    assert AvroDeserializer(target)(copies[1].value, _ctx(remote)) == later
