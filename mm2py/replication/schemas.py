@@ -58,10 +58,11 @@ _DEFINITE = (400, 404, 409, 422)
 
 
 class UnresolvedSchema(Exception):
-    """A schema id that cannot be given a target id (its partition stops)."""
+    """A schema id that cannot be given a target id (its partition stops); `schema_id` is
+    -1 when copying a subject up front failed."""
 
     def __init__(self, schema_id: int, reason: str) -> None:
-        super().__init__(f"schema id {schema_id}: {reason}")
+        super().__init__(f"schema id {schema_id}: {reason}" if schema_id >= 0 else reason)
         self.schema_id = schema_id
         self.reason = reason
 
@@ -349,11 +350,16 @@ class SchemaTranslator:
                 reason = f"{doing} failed: {exc.error_message} (HTTP {status})"
                 raise UnresolvedSchema(source_id, reason) from None
             raise RegistryUnavailable(
-                f"flow {self.flow_name}: the {which} schema registry failed {doing} "
-                f"(schema id {source_id}): {exc.error_message} (HTTP {status})"
+                f"flow {self.flow_name}: the {which} schema registry failed {doing}"
+                f"{_for(source_id)}: {exc.error_message} (HTTP {status})"
             ) from None
         except Exception as exc:  # the client's HTTP errors: connection refused, timeout
             raise RegistryUnavailable(
                 f"flow {self.flow_name}: the {which} schema registry could not be asked "
-                f"({doing}, schema id {source_id}): {type(exc).__name__}: {exc}"
+                f"({doing}{_for(source_id)}): {type(exc).__name__}: {exc}"
             ) from None
+
+
+def _for(source_id: int) -> str:
+    """ ", for schema id N" in messages (nothing for the up-front copy of subjects)."""
+    return f" for schema id {source_id}" if source_id >= 0 else ""
