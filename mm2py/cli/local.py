@@ -24,9 +24,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"Apicurio Registry in {fetch_registry()}")
     elif args.action == "up":
         clusters = kafka.up(args.clusters or ["A", "B"], secure=args.secure)
-        if args.registries:
-            for registry in registries.up(c.alias for c in clusters):
-                print(f"{registry.alias}  schema registry {registry.url}")
         for cluster in clusters:
             extra = ""
             if cluster.secure:
@@ -35,6 +32,9 @@ def run(args: argparse.Namespace) -> int:
                     f"(passwords in {cluster.home / 'cluster.json'})"
                 )
             print(f"{cluster.alias}  {cluster.bootstrap_servers}{extra}")
+        if args.registries:
+            for registry in registries.up(c.alias for c in clusters):
+                print(f"{registry.alias}  schema registry {registry.url}")
     elif args.action == "down":
         registries.down(args.clusters)
         stopped = kafka.down(args.clusters)
