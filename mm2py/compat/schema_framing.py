@@ -27,9 +27,14 @@ def schema_id(data: bytes | None) -> int | None:
     return int.from_bytes(data[1:HEADER_SIZE], "big", signed=True)
 
 
+def header(schema_id: int) -> bytes:
+    """The 5-byte framing header for `schema_id`."""
+    return b"\x00" + schema_id.to_bytes(4, "big", signed=True)
+
+
 def with_schema_id(data: bytes, new_id: int) -> bytes:
     """`data` (framed) with its schema id replaced by `new_id`; the payload unchanged."""
-    return b"\x00" + new_id.to_bytes(4, "big", signed=True) + data[HEADER_SIZE:]
+    return header(new_id) + data[HEADER_SIZE:]
 
 
 def topic_subjects(topic: str) -> tuple[str, str]:
@@ -47,11 +52,3 @@ def remote_subject(subject: str, topic: str, remote_topic: str) -> str:
         if subject == topic + suffix:
             return remote_topic + suffix
     return subject
-
-
-def subject_topic(subject: str) -> tuple[str, str] | None:
-    """(topic, suffix) of a TopicNameStrategy subject, else None."""
-    for suffix in (KEY_SUFFIX, VALUE_SUFFIX):
-        if subject.endswith(suffix) and len(subject) > len(suffix):
-            return subject[: -len(suffix)], suffix
-    return None

@@ -42,6 +42,7 @@ from mm2py.compat.schema_framing import (
     HEADER_SIZE,
     KEY_SUFFIX,
     VALUE_SUFFIX,
+    header,
     remote_subject,
     topic_subjects,
 )
@@ -69,11 +70,6 @@ class UnresolvedSchema(Exception):
 
 class RegistryUnavailable(RuntimeError):
     """A schema registry could not be asked (the part restarts with backoff)."""
-
-
-def header(schema_id: int) -> bytes:
-    """The 5-byte framing header for `schema_id`."""
-    return b"\x00" + schema_id.to_bytes(4, "big", signed=True)
 
 
 def registry_client(conf: ClusterConfig | Mapping[str, str]) -> Any:

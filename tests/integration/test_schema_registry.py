@@ -335,7 +335,8 @@ def test_every_version_of_a_subject_is_copied_in_order_with_its_compatibility(
 def test_unresolved_ids_copied_as_they_are_when_asked(setup: Setup) -> None:
     """``schema.registry.unresolved.ids = copy``: the translator gives an unknown id back
     as it is (counted), and still translates the ids it can."""
-    from mm2py.replication.schemas import SchemaTranslator, header
+    from mm2py.compat.schema_framing import header
+    from mm2py.replication.schemas import SchemaTranslator
 
     source, target = setup.source, setup.target
     translator = SchemaTranslator("A->B", source, target, unresolved="copy")

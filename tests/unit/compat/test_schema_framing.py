@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from mm2py.compat.schema_framing import (
+    header,
     remote_subject,
     schema_id,
-    subject_topic,
     topic_subjects,
     with_schema_id,
 )
@@ -39,6 +39,11 @@ def test_unframed_data_has_no_schema_id(data: bytes | None) -> None:
     assert schema_id(data) is None
 
 
+def test_header() -> None:
+    assert header(1) == h("00 00000001")
+    assert header(2**31 - 1) == h("00 7fffffff")
+
+
 def test_with_schema_id_rewrites_the_id_only() -> None:
     protobuf = h("00 00000007 04 02 00 0a 03 616263")  # indexes [1, 0], then the message
     assert with_schema_id(protobuf, 300) == h("00 0000012c 04 02 00 0a 03 616263")
@@ -60,10 +65,3 @@ def test_other_subjects_keep_their_names() -> None:
     )
     assert remote_subject("payments-value", "orders", "A.orders") == "payments-value"
     assert remote_subject("orders-value", "orders", "orders") == "orders-value"  # identity
-
-
-def test_subject_topic() -> None:
-    assert subject_topic("orders-value") == ("orders", "-value")
-    assert subject_topic("a-b-key") == ("a-b", "-key")
-    assert subject_topic("-value") is None
-    assert subject_topic("com.acme.Order") is None

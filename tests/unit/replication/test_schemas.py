@@ -12,8 +12,9 @@ from confluent_kafka.schema_registry import RegisteredSchema, Schema, SchemaRefe
 from confluent_kafka.schema_registry.common.schema_registry_client import SchemaVersion
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+from mm2py.compat.schema_framing import header
 from mm2py.replication.copy_loop import CopyLoop, NewPartition
-from mm2py.replication.schemas import SchemaTranslator, header
+from mm2py.replication.schemas import SchemaTranslator
 from mm2py.replication.stats import ReplicationStats
 from tests.unit.replication.test_copy_loop import (
     FakeConsumer,
