@@ -35,6 +35,7 @@ only, that source header itself for an id found unresolvable).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -352,10 +353,18 @@ class SchemaTranslator:
         except Exception as exc:  # the client's HTTP errors: connection refused, timeout
             raise RegistryUnavailable(
                 f"flow {self.flow_name}: the {which} schema registry could not be asked "
-                f"({doing}{_for(source_id)}): {type(exc).__name__}: {exc}"
+                f"({doing}{_for(source_id)}): {type(exc).__name__}: {_no_userinfo(str(exc))}"
             ) from None
 
 
 def _for(source_id: int) -> str:
     """ ", for schema id N" in messages (nothing for the up-front copy of subjects)."""
     return f" for schema id {source_id}" if source_id >= 0 else ""
+
+
+_USERINFO = re.compile(r"//[^/@\s]+@")
+
+
+def _no_userinfo(text: str) -> str:
+    """`text` without the user:password of any URL in it (a registry URL may carry them)."""
+    return _USERINFO.sub("//***@", text)

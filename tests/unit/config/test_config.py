@@ -388,3 +388,20 @@ def test_schema_registry_sync_needs_urls_only_for_enabled_flows(tmp_path: Path) 
     config = load(tmp_path, BASE + "schema.registry.sync.enabled = true\n")
     assert config.flow("A", "B").settings.schema_registry_sync_enabled
     assert config.enabled_flows() == []
+
+
+def test_schema_registry_keys_in_yaml(tmp_path: Path) -> None:
+    yaml_text = (
+        "clusters:\n"
+        "  A:\n    bootstrap.servers: a:9092\n    schema.registry.url: http://a:8081\n"
+        "  B:\n    bootstrap.servers: b:9092\n    schema.registry.url: http://b:8081\n"
+        "    schema.registry.basic.auth.user.info: mirror:pw-registry\n"
+        "A->B:\n  enabled: true\n"
+        "schema.registry.sync.enabled: true\n"
+    )
+    config = load(tmp_path, yaml_text, "mm2.yaml")
+    assert config.flow("A", "B").settings.schema_registry_sync_enabled
+    assert config.cluster("B").schema_registry_client() == {
+        "url": "http://b:8081",
+        "basic.auth.user.info": "mirror:pw-registry",
+    }
