@@ -412,7 +412,7 @@ class CopyLoop:
         for topic, remote in sorted(remote_topics.items()):
             try:
                 self._schemas.copy_subjects(topic, remote)
-            except (UnresolvedSchema, RegistryUnavailable) as exc:
+            except UnresolvedSchema as exc:
                 log.warning(
                     "flow %s: the subjects of %s were not copied up front (%s); its schema "
                     "ids are resolved when records need them",
@@ -420,6 +420,15 @@ class CopyLoop:
                     topic,
                     exc,
                 )
+            except RegistryUnavailable as exc:
+                # Each request waits for the client's retries: the other topics' would too.
+                log.warning(
+                    "flow %s: no subjects copied up front (%s); schema ids are resolved "
+                    "when records need them",
+                    self.flow_name,
+                    exc,
+                )
+                return
 
     def unassign(self, gone: Sequence[SourcePartition]) -> list[str]:
         """Stop copying partitions (their progress stays); the topics let go."""

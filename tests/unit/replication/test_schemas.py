@@ -195,3 +195,29 @@ def test_references_point_at_the_targets_versions_and_subjects_follow_the_remote
     )
     assert translator.stats.lookups == lookups
     assert inner != outer_id
+
+
+class UnreachableRegistry(MemoryRegistry):
+    """A registry that never answers (the client's HTTP error)."""
+
+    asked = 0
+
+    def get_versions(self, subject: str) -> list[int]:
+        self.asked += 1
+        raise ConnectionError("[Errno 111] Connection refused")
+
+    def get_schema(self, schema_id: int) -> Schema:
+        self.asked += 1
+        raise ConnectionError("[Errno 111] Connection refused")
+
+
+def test_a_registry_that_cannot_be_asked_ends_the_loop_and_copies_nothing() -> None:
+    source = UnreachableRegistry()
+    loop, producer = _loop(source, MemoryRegistry())
+    # Copying subjects up front gives up at the first failure, not once per topic.
+    loop.assign([NewPartition(t, 0, f"A.{t}") for t in ("t", "u", "v")], {})
+    assert source.asked == 1
+    loop.consumer.queued += [Record("t", 0, 0, _framed(7)), Record("t", 0, 1, _framed(7))]
+    with pytest.raises(RuntimeError, match="the source schema registry could not be asked"):
+        loop.copy_batch(lambda: False)
+    assert producer.written == [] and loop.failed_partitions() == {}
