@@ -15,8 +15,9 @@ mapping and makes it on demand:
   versions. Registering content the target already holds under that subject returns
   the id it has: nothing is duplicated.
 - `copy_subjects` copies T's subjects (``T-key``, ``T-value``) up front, every version
-  in order, when the loop starts copying T; the subject's compatibility level is copied
-  (when it is not the source registry's global level) before its first version.
+  in order, when the loop starts copying T; the subject's compatibility level (its own,
+  else the source registry's global one) is set on the target subject once its first
+  version is there (a first version needs no check).
 - Results are cached for the life of the translator (a process's copy loop): a
   schema id never changes its content in a registry.
 
@@ -289,7 +290,6 @@ class SchemaTranslator:
                 ref_copy,
             )
             references.append(SchemaReference(ref.name, ref_subject, registered.version))
-        self._copy_compatibility(source_id, subject, target_subject)
         copy = Schema(schema.schema_str, schema.schema_type, references)
         target_id: int = self._ask(
             source_id,
@@ -299,19 +299,30 @@ class SchemaTranslator:
             target_subject,
             copy,
         )
+        self._copy_compatibility(source_id, subject, target_subject)
         self.stats.schemas_copied += 1
         self._registered[(target_subject, source_id)] = (target_id, copy)
         return target_id, copy
 
     def _copy_compatibility(self, source_id: int, subject: str, target_subject: str) -> None:
-        """Give the target subject the source subject's compatibility level, once, when the
-        source sets one of its own (not its global level)."""
+        """Give the target subject, once, after its first version is registered (a first
+        version needs no check, and some registries, Apicurio, keep no level for a subject
+        that does not exist), the compatibility level the source subject has: its own,
+        else the source registry's global one. So the target checks the versions that
+        follow as the source did, whatever its own default (Confluent's BACKWARD,
+        Apicurio's NONE). A level the target refuses is logged, not a failure: the ids
+        are right either way."""
         if target_subject in self._compatibility_done:
             return
-        if self._source_global is None:
-            self._source_global = self._level(source_id, None)
+        self._compatibility_done.add(target_subject)
         level = self._level(source_id, subject)
-        if level is not None and level != self._source_global:
+        if level is None:
+            if self._source_global is None:
+                self._source_global = self._level(source_id, None) or ""
+            level = self._source_global or None
+        if level is None:
+            return
+        try:
             self._ask(
                 source_id,
                 f"setting {target_subject}'s compatibility to {level} in the target registry",
@@ -320,7 +331,8 @@ class SchemaTranslator:
                 target_subject,
                 level,
             )
-        self._compatibility_done.add(target_subject)
+        except UnresolvedSchema as exc:
+            log.warning("flow %s: %s; the subject keeps the target's level", self.flow_name, exc)
 
     def _level(self, source_id: int, subject: str | None) -> str | None:
         try:

@@ -184,7 +184,8 @@ def test_references_point_at_the_targets_versions_and_subjects_follow_the_remote
     assert [(r.name, r.subject, r.version) for r in copied.references] == [("Inner", "shared", 2)]
     assert target.subjects["shared"][1] == target.register_schema("shared", _avro("Inner"))
     assert list(target.subjects) == ["shared", "A.orders-value"]
-    assert target.levels == {"A.orders-value": "FULL"}
+    # Its own level for orders-value; the source's global one for the others.
+    assert target.levels == {"A.orders-value": "FULL", "shared": "BACKWARD"}
     event = translator.resolve("orders", "A.orders", header(other_id), False)
     assert target.subjects["com.acme.Event"] == [int.from_bytes(event[1:], "big")]
     # Cached: asking again makes no request.
