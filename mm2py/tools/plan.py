@@ -14,6 +14,8 @@ selected flow (the enabled flows, as `mm2py run --clusters` selects them) it rep
 - the ACLs topic ACL sync would create (when `sync.topic.acls.enabled` and the source
   has an authorizer);
 - the consumer groups it would checkpoint (and sync, with `sync.group.offsets.enabled`);
+- with `schema.registry.sync.enabled`, the subjects it would copy (the copied topics'
+  TopicNameStrategy subjects the source's registry has) and their names on the target;
 - the backlog: per partition, the offsets from the progress already recorded (or the
   log start) to the end, and bytes estimated from a sample of those records.
 
@@ -43,6 +45,7 @@ from mm2py.compat.acls import missing_acls, target_acls
 from mm2py.compat.filters import should_checkpoint_group
 from mm2py.compat.flow import FlowRules
 from mm2py.compat.policy import is_cycle
+from mm2py.compat.schema_framing import remote_subject, topic_subjects
 from mm2py.compat.topic_configs import ConfigPropertyFilter, config_changes, creation_configs
 from mm2py.config import FlowConfig, MirrorConfig
 from mm2py.daemon.parts.sync import describe_topic_acls, has_authorizer
@@ -56,6 +59,7 @@ from mm2py.kafka.groups import list_groups, read_committed
 from mm2py.kafka.topics import TopicAdminError, list_offsets, partition_counts
 from mm2py.replication.progress import ProgressStore
 from mm2py.replication.remote_topics import plan_remote_topics
+from mm2py.replication.schemas import registry_client
 
 SAMPLE_RECORDS = 200  # per topic, for the backlog's bytes
 SAMPLE_SECONDS = 2.0
@@ -116,6 +120,14 @@ class Backlog:
 
 
 @dataclass(frozen=True)
+class PlannedSubject:
+    subject: str  # in the source's registry
+    remote_subject: str  # in the target's
+    versions: int  # every one is copied, in order
+    on_target: bool  # the target has a subject of that name (equal versions are reused)
+
+
+@dataclass(frozen=True)
 class InternalTopic:
     cluster: str
     topic: str
@@ -135,6 +147,7 @@ class FlowPlan:
     acls_note: str | None = None  # why no ACL is planned, when not synced
     groups: list[str] = field(default_factory=list)
     group_offsets_synced: bool = False
+    subjects: list[PlannedSubject] | None = None  # None: schema.registry.sync off
     backlog: list[Backlog] = field(default_factory=list)
     backlog_bytes: int | None = None  # key + value bytes, estimated from a sample
 
@@ -334,6 +347,8 @@ def _flow_plan(reader: _Reader, flow: FlowConfig) -> FlowPlan:
                 )
     _plan_acls(reader, rules, plan)
     _plan_groups(reader, rules, plan, copied)
+    if s.schema_registry_sync_enabled:
+        plan.subjects = _plan_subjects(reader.config, flow, plan.copied)
     _plan_backlog(reader, flow, plan, copied)
     return plan
 
@@ -420,6 +435,40 @@ def checkpointed_groups(
             rules.group_filter, rules.topic_filter, g, (t for t, _p in committed)
         )
     )
+
+
+def _plan_subjects(
+    config: MirrorConfig, flow: FlowConfig, copied: Sequence[CopiedTopic]
+) -> list[PlannedSubject]:
+    """The TopicNameStrategy subjects of the copied topics that the source's registry
+    has, as the copy loop copies them (mm2py.replication.schemas)."""
+    found: dict[str, list[str]] = {}
+    for alias in (flow.source, flow.target):
+        client = registry_client(config.cluster(alias))
+        try:
+            found[alias] = list(client.get_subjects())
+        except Exception as exc:  # the client raises its own error types and httpx's
+            raise PlanError(
+                f"cannot list the subjects of cluster {alias}'s schema registry "
+                f"({type(exc).__name__}); is {alias}.schema.registry.url right?"
+            ) from None
+        finally:
+            client.close()
+    source = set(found[flow.source])
+    target = set(found[flow.target])
+    planned = []
+    source_client = registry_client(config.cluster(flow.source))
+    try:
+        for c in copied:
+            for subject in topic_subjects(c.topic):
+                if subject not in source:
+                    continue
+                remote = remote_subject(subject, c.topic, c.remote)
+                versions = len(source_client.get_versions(subject))
+                planned.append(PlannedSubject(subject, remote, versions, remote in target))
+    finally:
+        source_client.close()
+    return planned
 
 
 def _plan_backlog(
@@ -551,6 +600,17 @@ def format_plan(plan: Plan) -> str:
             out.append(f"  creates no ACLs: {f.acls_note}")
         else:
             out.append("  creates no ACLs (the target has every one already)")
+        if f.subjects is not None:
+            out.append(f"  copies {len(f.subjects)} schema registry subjects:")
+            out += [
+                f"    {sub.subject} -> {sub.remote_subject} ({sub.versions} versions"
+                + (
+                    "; the target has that subject: equal versions are reused)"
+                    if sub.on_target
+                    else ")"
+                )
+                for sub in f.subjects
+            ]
         synced = " and syncs their offsets" if f.group_offsets_synced else ""
         out.append(f"  checkpoints {len(f.groups)} groups{synced}: {', '.join(f.groups) or '-'}")
         records = sum(b.records for b in f.backlog)

@@ -10,6 +10,8 @@ there, and every copy must carry B's id.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -330,6 +332,33 @@ def test_every_version_of_a_subject_is_copied_in_order_with_its_compatibility(
     copied = [target.get_version(remote, v).schema.schema_str for v in target.get_versions(remote)]
     assert copied == [source.get_version(subject, v).schema.schema_str for v in (1, 2, 3)]
     assert target.get_compatibility(remote) == "FORWARD"
+
+
+def test_plan_lists_the_subjects_it_would_copy(setup: Setup, tmp_path: Path) -> None:
+    topic = f"{RUN}.planned"
+    subject = f"{topic}-value"
+    for schema in (ORDER, ORDER_V2):
+        setup.source.register_schema(subject, Schema(json.dumps(schema), "AVRO"))
+    create_topic(setup.a, topic)
+    path = tmp_path / "mm2.properties"
+    extra = {
+        "schema.registry.sync.enabled": "true",
+        "A.schema.registry.url": setup.source_url,
+        "B.schema.registry.url": setup.target_url,
+    }
+    path.write_text(mm2_properties(setup.a, setup.b, f"{RUN}\\.planned", **extra))
+    done = subprocess.run(
+        [sys.executable, "-m", "mm2py.cli", "plan", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    (flow,) = json.loads(done.stdout)["flows"]
+    assert [(s["subject"], s["remote_subject"], s["versions"]) for s in flow["subjects"]] == [
+        (subject, f"A.{subject}", 2)
+    ]
 
 
 def test_unresolved_ids_copied_as_they_are_when_asked(setup: Setup) -> None:
