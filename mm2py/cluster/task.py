@@ -379,6 +379,17 @@ class _NotedFailures(Reachability):
         self.noted.add(alias)
 
 
+def _errors_counted(metrics: Metrics, labels: dict[str, str]) -> float:
+    """The part's mm2py_errors_total, read from the errors counter alone: the registry's
+    `get_sample_value` collects every metric, the histograms of every topic included
+    (measured: 10% of a core in an idle task of 2,000 partitions, at two reports a second)."""
+    for family in metrics.errors.collect():
+        for sample in family.samples:
+            if sample.name == "mm2py_errors_total" and sample.labels == labels:
+                return float(sample.value)
+    return 0.0
+
+
 def _die_with_parent() -> None:
     """Ask Linux to kill this process when its parent (the node) dies."""
     with contextlib.suppress(OSError, AttributeError):
@@ -419,7 +430,7 @@ def task_main(
 
     def report(final: bool = False) -> None:
         nonlocal counted
-        now_counted = metrics.registry.get_sample_value("mm2py_errors_total", labels) or 0.0
+        now_counted = _errors_counted(metrics, labels)
         failure = part.error if final else None
         conn.send(
             TaskReport(

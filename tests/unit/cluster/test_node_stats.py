@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mm2py.cluster.task import NodeStats, changed_since
+from mm2py.cluster.task import NodeStats, _errors_counted, changed_since
+from mm2py.daemon.metrics import Metrics
 from mm2py.replication.stats import Extremes, PartitionStats, ReplicationStats
 
 
@@ -98,3 +99,18 @@ def test_a_tasks_partitions_are_all_it_reported_until_it_is_retired() -> None:
     assert node.task_partitions(0) == [("A.t", 0), ("A.t", 2)]
     node.retire(0)
     assert node.task_partitions(0) == []
+
+
+def test_a_task_reports_its_part_s_errors_whatever_else_the_registry_holds() -> None:
+    metrics = Metrics()
+    stats = ReplicationStats("A", "B")
+    metrics.replication.add(stats)
+    stats.partition("A.t", 0).records = 5
+    labels = {"source": "A", "target": "B", "part": "source"}
+    assert _errors_counted(metrics, labels) == 0.0
+    metrics.errors.labels("A", "B", "source").inc(3)
+    metrics.errors.labels("A", "B", "sync").inc()
+    assert _errors_counted(metrics, labels) == 3.0
+    assert _errors_counted(metrics, labels) == metrics.registry.get_sample_value(
+        "mm2py_errors_total", labels
+    )
