@@ -190,9 +190,13 @@ class LatencyWindow:
         self.every = every
         self._snapshots: deque[tuple[float, dict[str, BucketCounts]]] = deque()
 
+    def due(self, now: float) -> bool:
+        """Whether `record` would keep a snapshot now (the last one is `every` seconds old)."""
+        return not self._snapshots or now - self._snapshots[-1][0] >= self.every
+
     def record(self, now: float, counts: Mapping[str, Sequence[int]]) -> None:
         """Keep a snapshot if the last one is `every` seconds old; forget old ones."""
-        if self._snapshots and now - self._snapshots[-1][0] < self.every:
+        if not self.due(now):
             return
         self._snapshots.append((now, {t: list(c) for t, c in counts.items()}))
         while len(self._snapshots) > 1 and now - self._snapshots[1][0] >= self.span:

@@ -43,6 +43,18 @@ def test_latency_window_forgets_what_is_older_than_its_span() -> None:
     assert p99 is not None and p99 < 0.03
 
 
+def test_latency_window_is_due_when_it_would_keep_a_snapshot() -> None:
+    window = LatencyWindow(span=60, every=5)
+    assert window.due(0.0)
+    window.record(0.0, {"A.t": _counts(0.01)})
+    assert not window.due(4.9)
+    window.record(4.9, {"A.t": _counts(0.01, 100.0)})  # not kept
+    assert window.due(5.0)
+    # Measured from the snapshot at 0.0: only the slow record.
+    p50, _p99 = window.quantiles({"A.t": _counts(0.01, 100.0)})["A.t"]
+    assert p50 is not None and p50 > 60.0
+
+
 def _flow(name: str, *parts: PartStatus, replicating: bool = True) -> FlowStatus:
     source, target = name.split("->")
     topics = [TopicStatus(topic=f"{source}.t", partitions=2, records=10, lag_records=3)]
