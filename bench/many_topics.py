@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.many_topics                       # 500 topics x 4 partitions
     .venv/bin/python -m bench.many_topics --topics 100 --runs 2
+    .venv/bin/python -m bench.many_topics --intervals default --idle-seconds 60
 
 Set-up (not timed): N fresh topics ``bench-many-<8 hex>-<i>`` of P partitions on A,
 created in one CreateTopics call, each partition holding R records of 100 bytes
@@ -27,6 +28,14 @@ before the process is spawned, so interpreter start-up and imports count. Measur
   ``--idle-seconds`` (default 30), as a share of one core (0.05 = 5% of a core); the
   window starts IDLE_SETTLE seconds after the copy completed, so the copy's tail and
   its last progress writes are not counted.
+
+``--intervals short`` (the default) runs the daemon with mm2_properties' 1-second
+intervals, as tests do: the idle window then also holds a topic refresh, a config
+sync of every topic (DescribeConfigs of N topics on A and on B) and a group refresh
+every second, the work those intervals ask for. ``--intervals default`` leaves those
+keys out (MM2's defaults: topics refreshed and configs synced every 600 s, groups
+every 600 s, checkpoints every 60 s), so the idle window measures what the daemon
+costs when nothing is due: its own periodic work, lag, reports, fetches.
 
 How B is watched: one sample every SAMPLE_INTERVAL (0.1 s) is, until all remote topics
 exist, one Metadata request (which remote partitions exist and have a leader), then
@@ -108,6 +117,15 @@ LATEST_TIMESTAMP: Final = -1
 # Seconds between the copy's end and the idle window: the last progress and offset-sync
 # writes and a report or two go by.
 IDLE_SETTLE: Final = 5.0
+# mm2_properties' short intervals that `--intervals default` leaves out (MM2's defaults
+# then; the heartbeat's, 1 s, is MM2's default already).
+SHORT_INTERVAL_KEYS: Final = (
+    "refresh.topics.interval.seconds",
+    "refresh.groups.interval.seconds",
+    "emit.checkpoints.interval.seconds",
+    "sync.group.offsets.interval.seconds",
+    "sync.topic.configs.interval.seconds",
+)
 # The daemon's text log lines start with logging's asctime: 2026-11-21 14:28:04,123.
 _LOG_TIME = re.compile(rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
@@ -327,6 +345,7 @@ def one_run(
     timeout: float,
     run_dir: Path,
     idle_seconds: float,
+    intervals: str = "short",
 ) -> dict[str, Any]:
     """Fill A, run the daemon until all is copied, stop it, clean up; the run's JSON line."""
     source_cluster, target = clusters["A"], clusters["B"]
@@ -340,6 +359,7 @@ def one_run(
             target.alias,
             target.bootstrap_servers,
             re.escape(source.prefix) + "-.*",
+            **({k: "" for k in SHORT_INTERVAL_KEYS} if intervals == "default" else {}),
         )
         config = run_dir / f"{source.prefix}.properties"
         config.write_text(render_properties(props), encoding="latin-1")
@@ -383,6 +403,7 @@ def one_run(
         "samples": watch.samples,
         "sample_s_max": round(watch.sample_s_max, 3),
         "watcher_cpu_s": round(watch.cpu_s, 2),
+        "intervals": intervals,
         "idle_seconds": idle_seconds,
         "idle_cpu_share": round(idle, 4),
         "clusters_restarted": restarted,
@@ -411,6 +432,13 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds of idle CPU measured once all is copied (default 30)",
     )
     parser.add_argument(
+        "--intervals",
+        choices=("short", "default"),
+        default="short",
+        help="short: mm2_properties' 1 s refresh, sync and emit intervals (default); "
+        "default: MM2's default intervals",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=300, help="seconds to wait for the copy (default 300)"
     )
     args = parser.parse_args(argv)
@@ -433,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.timeout,
                     run_dir,
                     args.idle_seconds,
+                    args.intervals,
                 )
             )
         except (ReplicatorError, KafkaException) as e:
