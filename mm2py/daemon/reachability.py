@@ -3,11 +3,12 @@
 `Reachability` is the bookkeeping, pure and thread-safe, on an injected clock. Evidence
 comes from two places: any client's error_cb reporting `_TRANSPORT` or
 `_ALL_BROKERS_DOWN` (`failed`), and `ClusterProbe`, the daemon's one thread that asks
-every cluster for a describe-cluster answer every PROBE_INTERVAL (`succeeded` when it
-comes, `failed` at the time it was asked when it does not). A cluster whose first
-failure since its last answer is at least its grace old is unreachable; the first
-answer makes it reachable again. Each change is logged once: WARNING when a cluster
-becomes unreachable (after the grace), INFO when it answers again.
+every cluster for a metadata answer every PROBE_INTERVAL (`clients.cluster_answers`:
+`succeeded` when it comes, `failed` at the time it was asked when it does not). A
+cluster whose first failure since its last answer is at least its grace old is
+unreachable; the first answer makes it reachable again. Each change is logged once:
+WARNING when a cluster becomes unreachable (after the grace), INFO when it answers
+again.
 
 Parts show UNREACHABLE for the clusters they use (mm2py.daemon.status), and
 `mm2py_cluster_reachable{cluster}` is 1 or 0.
@@ -201,7 +202,7 @@ class ReachabilityCollector(Collector):
 
 
 class ClusterProbe:
-    """One thread asking every cluster for a describe-cluster answer every PROBE_INTERVAL."""
+    """One thread asking every cluster for a metadata answer every PROBE_INTERVAL."""
 
     def __init__(
         self,
@@ -269,6 +270,6 @@ class ClusterProbe:
             else:
                 reach.failed(alias, at=asked)
 
-        future = asking.submit(clients.cluster_metadata, admin, self._timeout[alias])
+        future = asking.submit(clients.cluster_answers, admin, self._timeout[alias])
         future.add_done_callback(answered)
         return future

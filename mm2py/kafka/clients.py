@@ -150,6 +150,20 @@ def cluster_metadata(admin: AdminClient, timeout: float) -> Any:
     return admin.list_topics(timeout=timeout)
 
 
+# A topic name Kafka rejects (':' is not allowed in one). See `cluster_answers`.
+PROBE_TOPIC = "mm2py:probe"
+
+
+def cluster_answers(admin: AdminClient, timeout: float) -> Any:
+    """A Metadata request for PROBE_TOPIC alone, answered with the cluster's ID and
+    brokers and an "invalid topic" error for the name (no broker creates it, whatever
+    its auto.create.topics.enable): how the daemon asks every PROBE_INTERVAL whether a
+    cluster answers. `cluster_metadata` would list every topic of the cluster: ~9 ms of
+    CPU per call at 2,000 partitions, where this costs ~0.3 ms. Raises KafkaException
+    when there is no answer within `timeout` seconds."""
+    return admin.list_topics(topic=PROBE_TOPIC, timeout=timeout)
+
+
 def describe_cluster(props: Mapping[str, str], timeout: float = 3.0) -> bool:
     """True when the cluster answers (`cluster_metadata`) in time."""
     admin = admin_client(props, {"log_level": 0})

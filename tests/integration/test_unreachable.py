@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError
 
 from mm2py.dev import mirrormaker
+from mm2py.kafka import clients
 from tests.conftest import Clusters
 from tests.daemon_harness import RunningDaemon, free_port, mm2_properties, running_daemon
 from tests.kafka_helpers import create_topic, produce, read_all, wait_until
@@ -120,6 +122,18 @@ def test_clusters_unreachable_from_the_start(tmp_path: Path) -> None:
             assert log.count(f"cluster {alias} ({addr}) is unreachable: no answer since") == 1
             # Dozens of attempts a second, one line a minute (the test runs under one).
             assert _loud_connection_failures(log, addr) == 1, log
+
+
+def test_the_probe_is_answered_without_creating_its_topic(clusters: Clusters) -> None:
+    """The probe's Metadata request names one topic: answered with the cluster's ID and
+    brokers, and the name refused as invalid (a broker validates a name before it would
+    auto-create a topic; these brokers do not auto-create any)."""
+    a = clusters["A"]
+    admin = clients.admin_client(a.client_properties())
+    answer = clients.cluster_answers(admin, 10)
+    assert answer.cluster_id and answer.brokers
+    assert answer.topics[clients.PROBE_TOPIC].error.code() == KafkaError.TOPIC_EXCEPTION
+    assert clients.PROBE_TOPIC not in admin.list_topics(timeout=10).topics
 
 
 @pytest.fixture
