@@ -1218,17 +1218,23 @@ class CopyLoop:
         copied record's next offset and past the last position synced)."""
         # A paused partition is not fetched, so its cached end offset would stand still.
         cached = not self.paused
+        watermarks = self.consumer.get_watermark_offsets
+        watched = self._watched
         ending = []
         for state in self.by_source.values():
             if state.gone:
                 continue
             try:
-                low, high = self.consumer.get_watermark_offsets(
-                    state.source_tp, timeout=1, cached=cached
-                )
+                low, high = watermarks(state.source_tp, timeout=1, cached=cached)
             except KafkaException:
                 continue
-            self._watch_behind(state, low, high)
+            # `_watch_behind` acts only on a partition watched already or whose log start
+            # passed the last offset read (before any: its start, at least 0); this pass
+            # runs for every partition each second, so the others skip the call.
+            if low > max(state.read, state.acked) + 1 or (
+                watched and (state.topic, state.partition) in watched
+            ):
+                self._watch_behind(state, low, high)
             if high < 0:
                 continue
             nxt = state.acked + 1 if state.acked >= 0 else low
