@@ -31,12 +31,12 @@ target:
    name matches --groups; the newest checkpoint of each partition is committed as it
    is (translate-offsets --apply --accept-inexact: at or before the group's position,
    so records may be read twice, none skipped), after the same check for members;
-2. what was never copied, per source partition: the end offset the replicator last
-   recorded for it (`daemon.parts.ends`, every 10 s, with its time) minus the flow's
-   progress (the last offset copied). Offsets count transaction markers and aborted
-   records too; records written to the source after that time are not known. The
-   progress is written about every second behind the copy, so the last second's
-   records may be counted though they were copied.
+2. what was never copied, per source partition the flow's topics select now: the end
+   offset the replicator last recorded for it (`daemon.parts.ends`, every 10 s, with
+   its time) minus the flow's progress (the last offset copied). Offsets count
+   transaction markers and aborted records too; records written to the source after
+   that time are not known. The progress is written about every second behind the
+   copy, so the last second's records may be counted though they were copied.
 
 Exit 0 when every selected group's checkpoints were committed; 1 otherwise.
 """
@@ -327,8 +327,11 @@ def _never_copied(config: MirrorConfig, flow: FlowConfig) -> list[NotCopied]:
         raise FailoverError(f"reading {flow.offsets_topic} on {flow.target}: {exc}") from None
     finally:
         store.close()
+    rules = FlowRules(flow)
     found = []
     for (topic, partition), (end, seen_at) in sorted(ends.items()):
+        if not rules.should_replicate(topic):
+            continue  # recorded when the flow's topics were others (or by another config)
         first = progress.get((topic, partition), -1) + 1
         if end > first:
             when = datetime.fromtimestamp(seen_at / 1000, UTC).isoformat(timespec="milliseconds")
