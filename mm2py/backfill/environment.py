@@ -18,6 +18,7 @@ the executors at it. Contract:
   ``.tar.gz`` under ``~/.cache/mm2py/spark-env/``, named by a digest of the Python
   version and platform, the names and versions of the packed distributions, and the
   content of mm2py's own files (a source checkout changes without a new version).
+  Archives of other versions are removed once unused for a day.
   It holds the interpreter itself (with its libpython and standard library, without
   tests and tools), mm2py, and the distributions mm2py needs at run time. PySpark and
   py4j are left out: every Spark installation puts its own on the executors' path.
@@ -30,6 +31,7 @@ the executors at it. Contract:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata as metadata
 import io
@@ -69,6 +71,7 @@ STDLIB_LEFT_OUT = {
     "lib2to3",
     "__pycache__",
 }
+KEEP_UNUSED_SECONDS = 24 * 3600
 _REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
@@ -243,6 +246,7 @@ def packed_environment(folder: Path | None = None) -> Path:
     archive = folder / f"mm2py-python-{environment_key(dists)}.tar.gz"
     if archive.is_file():
         log.debug("executors' Python: %s (packed before)", archive)
+        os.utime(archive)  # in use: not removed as unused by another version's packing
         return archive
     folder.mkdir(parents=True, exist_ok=True)
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -274,7 +278,10 @@ def packed_environment(folder: Path | None = None) -> Path:
 
 
 def _remove_older(folder: Path, keep: Path) -> None:
-    """Archives of earlier versions go: one is enough, and each is tens of MB."""
+    """Archives of other versions unused for a day go (each is tens of MB): not sooner,
+    as another checkout's backfill may be shipping one right now."""
+    stale = time.time() - KEEP_UNUSED_SECONDS
     for old in folder.glob("mm2py-python-*.tar.gz"):
-        if old != keep:
-            old.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            if old != keep and old.stat().st_atime < stale and old.stat().st_mtime < stale:
+                old.unlink()
