@@ -432,11 +432,14 @@ class LocalKafka:
 LOG_TAIL_LINES = 20
 
 
+CAUSE_LINES = 3  # at most, after the first ERROR line: the exception's message
+
+
 def log_tail(cluster: LocalCluster, lines: int = LOG_TAIL_LINES) -> str:
     """The last `lines` lines of the broker's log, or of its stdout (where the JVM
     reports what fails before logging starts) when the log says nothing; and the log's
-    first ERROR line when the tail does not hold it (a broker that fails to start logs
-    its shutdown after the cause)."""
+    first ERROR line with the exception message under it when the tail does not hold
+    it (a broker that fails to start logs its shutdown after the cause)."""
     for path in (cluster.log_file, cluster.home / "logs" / "stdout.log"):
         try:
             text = path.read_text(errors="replace").splitlines()
@@ -445,8 +448,17 @@ def log_tail(cluster: LocalCluster, lines: int = LOG_TAIL_LINES) -> str:
         if not text:
             continue
         tail = text[-lines:]
-        first_error = next((line for line in text if "] ERROR " in line), None)
-        cause = [] if first_error is None or first_error in tail else [first_error, "..."]
+        at = next((i for i, line in enumerate(text) if "] ERROR " in line), None)
+        cause: list[str] = []
+        if at is not None and text[at] not in tail:
+            # The ERROR line and the exception it logs on the lines after it (the
+            # message names the cause, e.g. "Address already in use"), not the frames.
+            cause = [text[at]]
+            for line in text[at + 1 : at + 1 + CAUSE_LINES]:
+                if line.startswith(("\tat ", "[")):
+                    break
+                cause.append(line)
+            cause.append("...")
         return "\n".join([f"({path})", *cause, *tail])
     return f"(neither {cluster.log_file} nor stdout.log holds anything)"
 

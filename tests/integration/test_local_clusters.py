@@ -145,9 +145,13 @@ def test_a_broker_that_cannot_start_keeps_its_folder_and_shows_its_log(
     assert f"its folder {home} is kept" in message
     assert "Address already in use" in message  # the first ERROR line, the cause
     shown = message.split("The end of its log:\n", 1)[1].splitlines()
-    # The file's name, the first error and "...", then the log's last lines.
+    # The file's name, the first error with its exception's message and "...", then
+    # the log's last lines.
+    log_lines = (home / "logs" / "server.log").read_text().splitlines()
     assert shown[0] == f"({home / 'logs' / 'server.log'})"
-    assert len(shown) == LOG_TAIL_LINES + 3, shown
+    assert "] ERROR " in shown[1]
+    assert "..." in shown and shown.index("...") <= 5
+    assert shown[shown.index("...") + 1 :] == log_lines[-LOG_TAIL_LINES:], shown
     assert (home / "logs").is_dir() and (home / "server.properties").exists()
     kafka.down(["C"], keep_logs_in=tmp_path / "kept")
     assert not home.exists() and (tmp_path / "kept" / "C" / "stdout.log").exists()
