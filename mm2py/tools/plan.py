@@ -150,6 +150,7 @@ class FlowPlan:
     subjects: list[PlannedSubject] | None = None  # None: schema.registry.sync off
     backlog: list[Backlog] = field(default_factory=list)
     backlog_bytes: int | None = None  # key + value bytes, estimated from a sample
+    backlog_bytes_by_topic: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -497,7 +498,8 @@ def _plan_backlog(
         plan.backlog.append(
             Backlog(tp.topic, tp.partition, start, end, max(end - start, 0), done is not None)
         )
-    plan.backlog_bytes = _estimate_bytes(reader.config, flow, plan.backlog)
+    plan.backlog_bytes_by_topic = _estimate_bytes(reader.config, flow, plan.backlog)
+    plan.backlog_bytes = sum(plan.backlog_bytes_by_topic.values())
 
 
 def _read_progress(config: MirrorConfig, flow: FlowConfig) -> dict[tuple[str, int], int]:
@@ -519,7 +521,9 @@ def _read_progress(config: MirrorConfig, flow: FlowConfig) -> dict[tuple[str, in
         store.close()
 
 
-def _estimate_bytes(config: MirrorConfig, flow: FlowConfig, backlog: Sequence[Backlog]) -> int:
+def _estimate_bytes(
+    config: MirrorConfig, flow: FlowConfig, backlog: Sequence[Backlog]
+) -> dict[str, int]:
     """Bytes of key + value in the backlog: per topic, up to SAMPLE_RECORDS records read
     from the start of each partition's backlog at once, their average times the topic's
     backlog (exact when the sample holds every record)."""
@@ -527,7 +531,7 @@ def _estimate_bytes(config: MirrorConfig, flow: FlowConfig, backlog: Sequence[Ba
         config.cluster(flow.source).librdkafka("consumer"),
         {"isolation.level": "read_committed", "enable.partition.eof": True},
     )
-    total = 0
+    total: dict[str, int] = {}
     try:
         by_topic: dict[str, list[Backlog]] = {}
         for b in backlog:
@@ -550,9 +554,9 @@ def _estimate_bytes(config: MirrorConfig, flow: FlowConfig, backlog: Sequence[Ba
                     key, value = msg.key(), msg.value()
                     sizes.append((len(key) if key else 0) + (len(value) if value else 0))
             if not open_partitions:
-                total += sum(sizes)  # every record read
+                total[topic] = sum(sizes)  # every record read
             elif sizes:
-                total += round(sum(sizes) / len(sizes) * sum(b.records for b in parts))
+                total[topic] = round(sum(sizes) / len(sizes) * sum(b.records for b in parts))
     finally:
         consumer.close()
     return total
