@@ -32,6 +32,7 @@ from mm2py.compat.formats import (
     encode_source_end,
     partition_for_key,
 )
+from mm2py.config import FlowConfig
 from mm2py.kafka import clients
 from mm2py.kafka.reader import TopicReader
 from mm2py.kafka.topics import await_partitions, ensure_internal_topic, list_offsets
@@ -69,6 +70,19 @@ class ProgressStore:
         )
         self.partitions = await_partitions(self._admin, target_alias, self.topic)
         self._producer: Any = None  # made on the first `submit`
+
+    @classmethod
+    def of_flow(cls, flow: FlowConfig, target_props: Mapping[str, str]) -> ProgressStore:
+        """The progress store of `flow`, on its target, by the flow's settings."""
+        s = flow.settings
+        return cls(
+            target_props,
+            flow.target,
+            flow.source,
+            flow.offsets_topic,
+            s.offset_storage_replication_factor,
+            s.offset_storage_partitions,
+        )
 
     def load(
         self,

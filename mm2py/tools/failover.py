@@ -172,7 +172,13 @@ def planned_failover(
     ends = _end_offsets(source_admin, flow, copied)
     # 2. Everything the source had is copied.
     while True:
-        result.behind = _not_copied(config, flow, ends)
+        try:
+            result.behind = _not_copied(config, flow, ends)
+        except FailoverError:
+            if clock() >= deadline:
+                raise
+            time.sleep(POLL_INTERVAL)  # e.g. a progress topic whose leader is not known yet
+            continue
         if not result.behind or clock() >= deadline:
             break
         time.sleep(POLL_INTERVAL)
@@ -229,18 +235,10 @@ def _not_copied(
     config: MirrorConfig, flow: FlowConfig, ends: dict[tuple[str, int], int]
 ) -> dict[str, int]:
     """Partitions whose recorded progress is short of the end read at the start."""
-    s = flow.settings
-    store = ProgressStore(
-        config.cluster(flow.target).librdkafka("producer"),
-        flow.target,
-        flow.source,
-        flow.offsets_topic,
-        s.offset_storage_replication_factor,
-        s.offset_storage_partitions,
-    )
+    store = ProgressStore.of_flow(flow, config.cluster(flow.target).librdkafka("producer"))
     try:
         progress = store.load(past_open_transactions=True)
-    except (ReaderError, TimeoutError) as exc:
+    except (ReaderError, TimeoutError, TopicAdminError) as exc:
         raise FailoverError(f"reading {flow.offsets_topic} on {flow.target}: {exc}") from None
     finally:
         store.close()
@@ -311,15 +309,7 @@ def disaster_failover(
 
 
 def _never_copied(config: MirrorConfig, flow: FlowConfig) -> list[NotCopied]:
-    s = flow.settings
-    store = ProgressStore(
-        config.cluster(flow.target).librdkafka("producer"),
-        flow.target,
-        flow.source,
-        flow.offsets_topic,
-        s.offset_storage_replication_factor,
-        s.offset_storage_partitions,
-    )
+    store = ProgressStore.of_flow(flow, config.cluster(flow.target).librdkafka("producer"))
     ends: dict[tuple[str, int], tuple[int, int]] = {}
     try:
         progress = store.load(past_open_transactions=True, source_ends=ends)

@@ -504,15 +504,7 @@ def _plan_backlog(
 
 def _read_progress(config: MirrorConfig, flow: FlowConfig) -> dict[tuple[str, int], int]:
     """The progress recorded on the target (read only: the topic exists already)."""
-    s = flow.settings
-    store = ProgressStore(
-        config.cluster(flow.target).librdkafka("producer"),
-        flow.target,
-        flow.source,
-        flow.offsets_topic,
-        s.offset_storage_replication_factor,
-        s.offset_storage_partitions,
-    )
+    store = ProgressStore.of_flow(flow, config.cluster(flow.target).librdkafka("producer"))
     try:
         return dict(store.load())
     except (TimeoutError, RuntimeError) as exc:

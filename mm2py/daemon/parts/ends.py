@@ -51,16 +51,9 @@ class SourceEndsPart(FlowPart):
         self.interval = interval
 
     def run(self) -> None:
-        s, flow = self.rules.settings, self.flow
+        flow = self.flow
         self._admin = clients.admin_client(self.source.librdkafka("admin"))
-        self._store = ProgressStore(
-            self.target.librdkafka("producer"),
-            flow.target,
-            flow.source,
-            flow.offsets_topic,
-            s.offset_storage_replication_factor,
-            s.offset_storage_partitions,
-        )
+        self._store = ProgressStore.of_flow(flow, self.target.librdkafka("producer"))
         try:
             scheduler = Scheduler(f"flow {flow.name}", self.errors)
             scheduler.add(
