@@ -1,9 +1,10 @@
 """Process trees on Linux, from /proc: for stopping a local service and all it started.
 
 `process_tree(pid)` lists `pid` and its descendants alive now, parents first;
-`kill_tree(pid)` SIGKILLs them all at once, as a crash of the machine would. Spark's
-Python workers, for one, run in a process group of their own, so a process group is
-not enough.
+`kill_tree(pid)` SIGKILLs them all at once, as a crash of the machine would;
+`signal_tree(pid, sig)` sends any signal (SIGSTOP freezes a tree in place, SIGCONT lets
+it go on). Spark's Python workers, for one, run in a process group of their own, so a
+process group is not enough.
 """
 
 from __future__ import annotations
@@ -32,8 +33,13 @@ def process_tree(pid: int) -> list[int]:
     return tree
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL `pid` and all its descendants."""
+def signal_tree(pid: int, sig: signal.Signals) -> None:
+    """Send `sig` to `pid` and all its descendants alive now."""
     for member in process_tree(pid):
         with contextlib.suppress(ProcessLookupError):
-            os.kill(member, signal.SIGKILL)
+            os.kill(member, sig)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and all its descendants."""
+    signal_tree(pid, signal.SIGKILL)

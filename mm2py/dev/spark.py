@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -30,7 +31,7 @@ import urllib.request
 from pathlib import Path
 
 from mm2py.dev.launcher import PORT_OFFSET_VARIABLE
-from mm2py.dev.processes import kill_tree
+from mm2py.dev.processes import kill_tree, signal_tree
 from mm2py.errors import Mm2pyError
 
 MASTER_PORT = 17077
@@ -189,6 +190,11 @@ class LocalSpark:
 
     def worker_pid(self, i: int) -> int:
         return self._procs[1 + i].pid
+
+    def freeze_worker(self, i: int, frozen: bool = True) -> None:
+        """SIGSTOP worker i with its executor and Python workers (`frozen`), or SIGCONT
+        them: a frozen executor holds whatever it had open, a transaction included."""
+        signal_tree(self._procs[1 + i].pid, signal.SIGSTOP if frozen else signal.SIGCONT)
 
     def kill_worker(self, i: int) -> None:
         """SIGKILL worker i, its executor and the executor's Python workers."""

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,6 +44,9 @@ from tests.kafka_helpers import (
 )
 
 pytestmark = pytest.mark.integration
+
+# With the workers frozen, how long a commit sent just before has to write its markers.
+SETTLE_FROZEN = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -269,8 +273,29 @@ def test_worker_killed_mid_copy_costs_no_record_twice_and_loses_none(
             return (busy[0],)
         return None
 
-    (victim,) = wait_until(busy_worker, timeout=180, interval=0.05, what="a worker copying")
+    def frozen_in_a_transaction() -> tuple[int] | None:
+        """`busy_worker`, still so once every worker is frozen and a commit sent before
+        had time to write its markers: a transaction seen open may be one committing
+        (or one that commits in the instant before the kill), and then the kill would
+        cost nothing. Frozen, it stays open until the kill."""
+        if busy_worker() is None:
+            return None
+        for i in range(spark.workers):
+            spark.freeze_worker(i)
+        time.sleep(SETTLE_FROZEN)
+        found = busy_worker()
+        if found is None:
+            for i in range(spark.workers):
+                spark.freeze_worker(i, frozen=False)
+        return found
+
+    (victim,) = wait_until(
+        frozen_in_a_transaction, timeout=180, interval=0.05, what="a worker copying"
+    )
     spark.kill_worker(victim)
+    for i in range(spark.workers):
+        if i != victim:
+            spark.freeze_worker(i, frozen=False)
 
     _finished(proc)
 

@@ -9,18 +9,24 @@ very copy of that record on the target, and while copying goes on no translation
 ever points past a record not yet copied.
 
 Only a run's first and last records ask for a delivery report. With mm2py's batching
-a run goes in one produce request, so foreign records land between runs and its first
-report sees them. With tiny batches (`batch.size`) a run spans many requests and
+a run mostly goes in one produce request, so foreign records land between runs and its
+first report sees them. With tiny batches (`batch.size`) a run spans many requests and
 foreign records land inside it: its last report does not match, and the partition is
 copied again with a report per record. Until that copy is acknowledged, the record
 after the run's first translates to the offset after the first's copy, where a
-foreign record is, and records are copied twice (see `_check`'s `copied_again`).
+foreign record is, and records are copied twice (see `_check`).
+With mm2py's batching that happens too when the producer sends part of a run (its
+linger.ms of 5 ms ran out while the loop, short of CPU, was still producing the run;
+seen here under load: a run of 250 records went to the target with 4 foreign records
+inside it). The daemon's log names each partition it copies again, and that
+partition is checked as one copied again.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -39,6 +45,9 @@ TRANSACTIONS = 40
 PER_TRANSACTION = 500  # records, spread over the partitions
 FOREIGN_EVERY = 0.002  # seconds between two foreign records on the target
 SYNCS_TOPIC = "mm2-offset-syncs.B.internal"
+# A run's last delivery report, which decides whether it is copied again, is served
+# within this long after its records are on the target.
+RUN_PROVEN_WITHIN = 5.0
 
 
 def _produce_transactions(a: LocalCluster, topic: str, done: threading.Event) -> None:
@@ -79,24 +88,30 @@ def _foreign_writer(b: LocalCluster, remote: str, stop: threading.Event) -> int:
     return n
 
 
+def _copied_again(daemon_log: str, topic: str) -> set[int]:
+    """The partitions of `topic` the daemon's log says it copies again (a run not proven)."""
+    return {p for p in range(PARTITIONS) if f"copying {topic}-{p} offsets " in daemon_log}
+
+
 def _check(
     a: LocalCluster,
     b: LocalCluster,
     topic: str,
     remote: str,
     final: bool,
-    copied_again: bool = False,
+    daemon_log: Callable[[], str],
 ) -> tuple[int, int] | None:
     """Translate every committed source offset through the syncs read now; return
     (offsets checked, offsets exact). Never past an uncopied record; exact ones land
     on the copy itself. None when there are no syncs yet or, if `final`, unless every
     offset was exact.
 
-    `copied_again`: records may be copied twice (at-least-once copying again after a
-    run not proven). The last copy seen may then be the first of two, and a
-    translation into the second copy's span is right before that copy lands: while
-    copying, only "never past the target's end" is checked; at the end, every offset
-    must translate exactly to its last copy (None until it does)."""
+    A partition the daemon copies again (`_copied_again`, its log read after the
+    target: a second copy read there was logged before it was sent) may have records
+    copied twice. The last copy seen may then be the first of two, and a translation
+    into the second copy's span is right before that copy lands: while copying, only
+    "never past the target's end" is checked; at the end, every offset must translate
+    exactly to its last copy (None until it does)."""
     store = read_offset_syncs(a.client_properties(), "A", SYNCS_TOPIC)
     if store is None:
         return None  # the source part has not started yet
@@ -107,6 +122,8 @@ def _check(
         copies[(rec.partition, rec.value)] = rec.offset
         ends[rec.partition] = rec.offset + 1
     source: list[Rec] = read_all(a, topic)
+    again = _copied_again(daemon_log(), topic)
+    wrong: dict[int, str] = {}  # per partition not copied again: its first wrong translation
     checked = exact = 0
     for rec in source:
         translation = store.translation(topic, rec.partition, rec.offset)
@@ -119,7 +136,7 @@ def _check(
             # Not copied yet: its copy lands after everything on the target now.
             assert translation.downstream <= ends.get(rec.partition, 0), where
             continue
-        if copied_again:
+        if rec.partition in again:
             # Maybe copied again later: never past everything on the target now.
             assert translation.downstream <= ends.get(rec.partition, 0), where
             if translation.exact and translation.downstream == copy:
@@ -127,10 +144,20 @@ def _check(
             elif final:
                 return None  # the copy again is still under way
             continue
-        assert translation.downstream <= copy, f"{where} translates past its copy at {copy}"
-        if translation.exact:
-            assert translation.downstream == copy, f"{where} -> {translation}, copy at {copy}"
-            exact += 1
+        if translation.downstream > copy:
+            wrong.setdefault(rec.partition, f"{where} translates past its copy at {copy}")
+        elif translation.exact:
+            if translation.downstream == copy:
+                exact += 1
+            else:
+                wrong.setdefault(rec.partition, f"{where} -> {translation}, copy at {copy}")
+    if wrong:
+        # A run whose last report is served after the log was read (copied with foreign
+        # records inside it, its first record's sync written) is copied again too.
+        time.sleep(RUN_PROVEN_WITHIN)
+        later = _copied_again(daemon_log(), topic)
+        assert set(wrong) <= later, [wrong[p] for p in sorted(set(wrong) - later)]
+        return None
     if final and (not source or exact != len(source)):
         return None
     return checked, exact
@@ -149,7 +176,6 @@ def test_syncs_are_exact_with_a_foreign_writer_and_a_transactional_source(
     create_topic(cluster_b, remote, partitions=PARTITIONS)  # the foreign writer's too
     config = tmp_path / "mm2.properties"
     extra = {"B.producer.batch.size": str(batch_size)} if batch_size else {}
-    copied_again = batch_size is not None
     config.write_text(mm2_properties(cluster_a, cluster_b, unique, **extra))
     produced, stop = threading.Event(), threading.Event()
     foreign: list[int] = []
@@ -171,13 +197,13 @@ def test_syncs_are_exact_with_a_foreign_writer_and_a_transactional_source(
         try:
             snapshots = 0
             while not produced.is_set():
-                if _check(cluster_a, cluster_b, unique, remote, False, copied_again):
+                if _check(cluster_a, cluster_b, unique, remote, False, daemon.log):
                     snapshots += 1
                 time.sleep(0.5)
             # The foreign writer goes on until everything is copied: on a loaded machine
             # the copy can lag the source by more than the whole production.
             checked, exact = wait_until(
-                lambda: _check(cluster_a, cluster_b, unique, remote, True, copied_again),
+                lambda: _check(cluster_a, cluster_b, unique, remote, True, daemon.log),
                 timeout=60,
                 interval=1.0,
                 what="every source offset translating exactly to its copy",
@@ -189,7 +215,7 @@ def test_syncs_are_exact_with_a_foreign_writer_and_a_transactional_source(
                 thread.join(60)
         log_text = daemon.log()
     if batch_size:
-        assert f"copying {unique}-0 offsets" in log_text and "is not proven" in log_text
+        assert _copied_again(log_text, unique) and "is not proven" in log_text
     committed = TRANSACTIONS * PER_TRANSACTION * 4 // 5
     assert checked == exact == committed
     assert foreign and foreign[0] > 100
