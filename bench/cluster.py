@@ -87,10 +87,10 @@ from bench.common import (
     running_command,
 )
 from bench.replication import bench_clusters, topic_properties
-from mm2py.cluster.assignment import task_of
 from mm2py.dev.launcher import LocalCluster
 from mm2py.dev.mirrormaker import render_properties
 from mm2py.kafka import clients
+from mm2py.runtime.assignment import task_of
 
 log = logging.getLogger("bench.cluster")
 

@@ -32,7 +32,8 @@ from typing import Any, Final
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.cimpl import NewTopic
 
-from mm2py.dev.jars import cache_root, java_command
+from mm2py.cache import cache_root
+from mm2py.dev.jars import java_command
 from mm2py.dev.launcher import LocalCluster, LocalKafka
 from mm2py.kafka import clients
 

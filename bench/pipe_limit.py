@@ -92,8 +92,8 @@ from bench.common import (
     span,
     throughput_over,
 )
-from mm2py.daemon.parts.source import PRODUCER_TUNING
 from mm2py.dev.launcher import LocalCluster
+from mm2py.parts.source import PRODUCER_TUNING
 
 log = logging.getLogger(__name__)
 

@@ -119,8 +119,8 @@ from bench.common import (
     watch_copy,
 )
 from bench.pipe_limit import pipe_limit
+from mm2py.cache import cache_root
 from mm2py.config.models import DEFAULT_TRANSACTION_INTERVAL_MS
-from mm2py.dev.jars import cache_root
 from mm2py.dev.launcher import PORT_OFFSET_VARIABLE, LocalCluster, LocalKafka, broker_port
 from mm2py.dev.mirrormaker import (
     MirrorMakerError,

@@ -49,10 +49,10 @@ from typing import Any, Literal
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from mm2py.cluster.assignment import CLASSIC_SESSION_TIMEOUT_MS
 from mm2py.dev.launcher import LocalCluster, LocalKafka
 from mm2py.dev.processes import process_tree
 from mm2py.kafka import clients
+from mm2py.runtime.assignment import CLASSIC_SESSION_TIMEOUT_MS
 from tests.daemon_harness import RunningDaemon, mm2_properties, running_daemon
 from tests.kafka_helpers import create_topic, read_all
 
@@ -66,7 +66,7 @@ NODE_KILLS = 10
 RATE = 400.0  # records/s over all partitions
 SEED = 20261123
 # A node's group session: on default Kafka 4 brokers `auto` takes the classic protocol
-# with mm2py's session (mm2py.cluster.assignment).
+# with mm2py's session (mm2py.runtime.assignment).
 SESSION_S = CLASSIC_SESSION_TIMEOUT_MS / 1000
 SOURCE_STOP_S = 20.0
 # Starting three nodes on the busy 2-core machine: interpreters, imports, the group,

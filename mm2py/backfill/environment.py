@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import mm2py
-from mm2py.dev.jars import cache_root
+from mm2py.cache import cache_root
 from mm2py.errors import Mm2pyError
 
 log = logging.getLogger(__name__)

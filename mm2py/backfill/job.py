@@ -44,9 +44,9 @@ from mm2py.backfill.plan import (
     RangeScheduler,
     plan_backfill,
 )
-from mm2py.compat.flow import FlowRules
 from mm2py.compat.topic_configs import ConfigPropertyFilter
 from mm2py.config import ClusterConfig, FlowConfig, MirrorConfig
+from mm2py.config.rules import FlowRules
 from mm2py.errors import Mm2pyError
 from mm2py.kafka import clients
 from mm2py.kafka.access import ClusterAccessError, check_cluster_access

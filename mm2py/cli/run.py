@@ -14,7 +14,7 @@ DEFAULT_LISTEN = "127.0.0.1:8083"
 
 def run(args: argparse.Namespace) -> int:
     from mm2py.config import ConfigError, load_config
-    from mm2py.daemon.supervisor import Daemon, select_flows, select_heartbeat_flows
+    from mm2py.daemon.supervisor import Daemon
     from mm2py.replication.exactly_once import settle_exactly_once
 
     config = load_config(args.config)
@@ -24,15 +24,15 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(
                 args.config, "--clusters", f"unknown cluster {alias!r}; known: {known}"
             )
-    flows = select_flows(config, args.clusters)
+    flows = config.enabled_flows(args.clusters)
     if not flows:
         raise ConfigError(args.config, None, "no enabled flow (set A->B.enabled = true)")
     # Whether each target accepts the transactions its flow asks for, before anything runs.
     config = settle_exactly_once(config, flows)
-    flows = select_flows(config, args.clusters)
+    flows = config.enabled_flows(args.clusters)
     # --listen wins over MM2's `listeners` in the config.
     listen = args.listen or config.listen or DEFAULT_LISTEN
-    daemon = Daemon(config, flows, listen, select_heartbeat_flows(config, args.clusters))
+    daemon = Daemon(config, flows, listen, config.heartbeat_flows(args.clusters))
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)
     daemon.run()

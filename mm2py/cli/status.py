@@ -19,7 +19,7 @@ def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from mm2py.cluster.view import FlowCluster, format_cluster
-    from mm2py.daemon.status import FlowStatus, Health, format_status
+    from mm2py.runtime.status import FlowStatus, Health, format_status
 
     base = args.url.rstrip("/")
 

@@ -1,6 +1,6 @@
 """A node's membership in its flow's cluster: the group that hands out the flow's tasks.
 
-How tasks are split and spread, and why moves lose nothing: mm2py.cluster.assignment.
+How tasks are split and spread, and why moves lose nothing: mm2py.runtime.assignment.
 This part joins the flow's group on the target cluster and turns the group's
 decisions into calls on the daemon: `on_assigned(task ids)` when tasks come to this
 node, `on_revoked(task ids)` when they leave. `on_revoked` returns only once the
@@ -27,7 +27,11 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.admin._resource import ResourceType
 
-from mm2py.cluster.assignment import (
+from mm2py.config import ClusterConfig, FlowConfig
+from mm2py.config.rules import group_id
+from mm2py.kafka import clients
+from mm2py.kafka.topics import await_partitions, ensure_internal_topic
+from mm2py.runtime.assignment import (
     CLASSIC_HEARTBEAT_INTERVAL_MS,
     CLASSIC_SESSION_TIMEOUT_MS,
     CONSUMER_SESSION_CONFIG,
@@ -35,14 +39,10 @@ from mm2py.cluster.assignment import (
     BrokerGroupSettings,
     GroupProtocol,
     choose_protocol,
-    group_id,
     tasks_topic,
 )
-from mm2py.config import ClusterConfig, FlowConfig
-from mm2py.daemon.metrics import Metrics
-from mm2py.daemon.part import Part
-from mm2py.kafka import clients
-from mm2py.kafka.topics import await_partitions, ensure_internal_topic
+from mm2py.runtime.metrics import Metrics
+from mm2py.runtime.part import Part
 
 log = logging.getLogger(__name__)
 

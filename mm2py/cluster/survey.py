@@ -19,8 +19,8 @@ from confluent_kafka import KafkaException
 
 from mm2py.cluster.member import MemberPart, NodeId
 from mm2py.cluster.view import FlowCluster, Member, flow_cluster
-from mm2py.daemon.status import FlowStatus
 from mm2py.kafka import clients
+from mm2py.runtime.status import FlowStatus
 
 log = logging.getLogger(__name__)
 

@@ -36,11 +36,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from mm2py import logs
-from mm2py.cluster.assignment import TaskSlot
 from mm2py.config import ClusterConfig, FlowConfig
-from mm2py.daemon.metrics import Metrics
-from mm2py.daemon.part import FlowPart, freeze_start_up
-from mm2py.daemon.reachability import Reachability
 from mm2py.replication.stats import (
     Extremes,
     PartitionStats,
@@ -48,6 +44,10 @@ from mm2py.replication.stats import (
     SchemaStats,
     summed,
 )
+from mm2py.runtime.assignment import TaskSlot
+from mm2py.runtime.metrics import Metrics
+from mm2py.runtime.part import FlowPart, freeze_start_up
+from mm2py.runtime.reachability import Reachability
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +252,7 @@ def spare_main(conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
-    import mm2py.daemon.parts.source  # noqa: F401  (the import is the warm-up)
+    import mm2py.parts.source  # noqa: F401  (the import is the warm-up)
 
     try:
         flow, source, target, slot, level, fmt = conn.recv()
@@ -415,7 +415,7 @@ def task_main(
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logs.configure(log_level, log_format)
     logs.set_context(flow=flow.name, part=f"source task {slot.id}")
-    from mm2py.daemon.parts.source import SourcePart  # the copy loop loads in the task only
+    from mm2py.parts.source import SourcePart  # the copy loop loads in the task only
 
     metrics = Metrics()
     part = SourcePart(flow, source, target, metrics, slot)

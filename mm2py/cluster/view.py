@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from mm2py.cluster.member import NodeId
-from mm2py.daemon.status import FlowStatus, PartState, PartStatus, flow_state, text_table
+from mm2py.runtime.status import FlowStatus, PartState, PartStatus, flow_state, text_table
 
 TaskState = PartState | Literal["UNASSIGNED", "UNKNOWN"]
 NodeHealth = Literal["READY", "NOT READY", "UNREACHABLE"]

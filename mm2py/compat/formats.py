@@ -176,6 +176,7 @@ def _check_version(version: int, where: str) -> None:
 # one wherever source and target offsets stop advancing together, so between two
 # marked syncs of a partition they do. MM2's syncs are sparser and promise no such
 # thing; translation treats the records between them as not known to be contiguous.
+# The key is a wire value, kept as first written (it named a module since moved).
 CONTIGUOUS_SYNC_HEADER: tuple[str, bytes] = ("mm2py.daemon.parts.sync", b"contiguous")
 
 

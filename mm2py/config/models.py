@@ -8,7 +8,7 @@ MirrorHeartbeatConfig, MirrorConnectorConfig, Connect's DistributedConfig).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -249,7 +249,7 @@ class FlowSettings(BaseModel):
     ] = Field(30000, alias="cluster.unreachable.grace.ms")
 
     # mm2py's own (no MM2 key): the group protocol the nodes of an mm2py cluster share a
-    # flow's tasks with (mm2py.cluster.assignment); auto: `consumer` where the target's
+    # flow's tasks with (mm2py.runtime.assignment); auto: `consumer` where the target's
     # brokers serve it (Kafka 4.x), else `classic`.
     cluster_group_protocol: Annotated[
         Literal["auto", "consumer", "classic"], BeforeValidator(_strip)
@@ -479,15 +479,19 @@ class MirrorConfig(BaseModel):
         known = ", ".join(self.clusters)
         raise ConfigError(self.path, f"{source}->{target}", f"no such flow; clusters are: {known}")
 
-    def enabled_flows(self) -> list[FlowConfig]:
-        """Flows that replicate (``A->B.enabled = true``)."""
-        return [flow for flow in self.flows if flow.enabled]
+    def enabled_flows(self, targets: Sequence[str] | None = None) -> list[FlowConfig]:
+        """Flows that replicate (``A->B.enabled = true``); with `targets`, only those into
+        one of these clusters (as MM2's ``--clusters``)."""
+        return [f for f in self.flows if f.enabled and (not targets or f.target in targets)]
 
-    def heartbeat_flows(self) -> list[FlowConfig]:
-        """Flows that emit heartbeats into their target.
+    def heartbeat_flows(self, targets: Sequence[str] | None = None) -> list[FlowConfig]:
+        """Flows that emit heartbeats into their target (with `targets`, only into one of
+        these clusters).
 
         As in MM2 (MirrorMakerConfig.clusterPairs), this includes pairs whose replication
         is disabled: heartbeats run for every ordered pair unless emit.heartbeats.enabled
         is false globally or for that pair.
         """
-        return [flow for flow in self.flows if flow.heartbeats_enabled]
+        return [
+            f for f in self.flows if f.heartbeats_enabled and (not targets or f.target in targets)
+        ]

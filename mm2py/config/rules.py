@@ -1,11 +1,17 @@
-"""The naming and filtering rules of one flow, built once from its settings (pure)."""
+"""The naming and filtering rules of one flow, built once from its settings (pure);
+and the name of the group a flow's nodes form (`group_id`)."""
 
 from __future__ import annotations
 
 from mm2py.compat.filters import GroupFilter, TopicFilter
 from mm2py.compat.policy import ReplicationPolicy, policy_from_name, should_replicate_topic
-from mm2py.config import FlowConfig
-from mm2py.config.models import FlowSettings
+from mm2py.config.models import FlowConfig, FlowSettings
+
+
+def group_id(prefix: str, source: str, target: str) -> str:
+    """The consumer group on the target cluster whose members are the flow's nodes
+    (``cluster.group.prefix``, default mm2py)."""
+    return f"{prefix}-{source}->{target}"
 
 
 class FlowRules:

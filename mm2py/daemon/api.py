@@ -16,7 +16,7 @@ Beside it, on the same listener, Kafka Connect's REST API over the same flows
 
 `{flow}` is `A->B` percent-encoded (`A-%3EB`; most clients encode `>` themselves),
 or `A-B` when that names exactly one flow. FastAPI generates the OpenAPI document
-from the pydantic models in `mm2py.daemon.status`; uvicorn serves the app on a thread of
+from the pydantic models in `mm2py.runtime.status`; uvicorn serves the app on a thread of
 its own, so the daemon's parts and supervisor stay plain threads.
 """
 
@@ -38,8 +38,8 @@ from mm2py import __version__
 from mm2py.cluster.view import FlowCluster
 from mm2py.config import MirrorConfig
 from mm2py.daemon import connect_api
-from mm2py.daemon.metrics import exposition
-from mm2py.daemon.status import FlowStatus, Health, Problem, resolve_flow
+from mm2py.runtime.metrics import exposition
+from mm2py.runtime.status import FlowStatus, Health, Problem, resolve_flow
 
 log = logging.getLogger(__name__)
 

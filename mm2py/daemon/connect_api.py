@@ -54,14 +54,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
 
 from mm2py import __version__
-from mm2py.compat.flow import FlowRules
 from mm2py.compat.formats import SOURCE_CONNECTOR_NAME, SourceProgressKey, decode_progress_value
 from mm2py.config import ClusterConfig, FlowConfig, MirrorConfig
 from mm2py.config.models import WORKER_KEYS, is_secret_key
-from mm2py.daemon.status import FlowStatus, PartStatus, resolve_flow
+from mm2py.config.rules import FlowRules
 from mm2py.kafka import clients
 from mm2py.kafka.internal_topics import load_checkpoints
 from mm2py.kafka.reader import ReaderError, TopicReader
+from mm2py.runtime.status import FlowStatus, PartStatus, resolve_flow
 
 if TYPE_CHECKING:
     from mm2py.daemon.api import FlowControl
@@ -78,7 +78,7 @@ TASK_CLASSES: Final = {
     CHECKPOINT: "MirrorCheckpointTask",
     HEARTBEAT: "MirrorHeartbeatTask",
 }
-# The parts of a flow (mm2py.daemon.parts) and the connector whose work each one does:
+# The parts of a flow (mm2py.parts) and the connector whose work each one does:
 # MM2's MirrorSourceConnector itself syncs topic configs and ACLs, its tasks copy.
 KIND_OF_PART: Final = {
     "source": SOURCE,
@@ -526,7 +526,7 @@ class LocalWorker:
         return found
 
     def _checkpointed_groups(self, flow: FlowConfig) -> tuple[str, ...]:
-        from mm2py.daemon.parts.checkpoint import CheckpointPart
+        from mm2py.parts.checkpoint import CheckpointPart
 
         return tuple(sorted({g for part in self._parts(flow, CheckpointPart) for g in part.groups}))
 
@@ -539,7 +539,7 @@ class LocalWorker:
                 topic, _, partition = str(text).rpartition("-")
                 pairs.append((topic, int(partition)))
         else:
-            from mm2py.daemon.parts.source import SourcePart
+            from mm2py.parts.source import SourcePart
 
             for part in self._parts(flow, SourcePart):
                 pairs.extend(list(part.stats.partitions))

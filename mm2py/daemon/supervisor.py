@@ -1,11 +1,11 @@
 """The replicator daemon: runs every enabled flow's parts, restarts failed ones, serves REST.
 
-Whether each cluster answers is watched in one place (mm2py.daemon.reachability): a
+Whether each cluster answers is watched in one place (mm2py.runtime.reachability): a
 part whose cluster has not answered for cluster.unreachable.grace.ms shows UNREACHABLE,
 and a part that failed meanwhile is restarted as soon as the cluster answers again.
 
 Each flow's copying is split into tasks shared by every node (`mm2py run` with the
-same config) of the flow's cluster (mm2py.cluster.assignment): a `MemberPart` holds
+same config) of the flow's cluster (mm2py.runtime.assignment): a `MemberPart` holds
 this node's place in the flow's group and hands the daemon the tasks that come and
 go; each task runs as a `TaskPart` (its copy loop in a process of its own). The
 flow's once-per-flow parts (checkpoint, config/ACL sync, heartbeat) run only on the
@@ -32,21 +32,23 @@ from types import FrameType
 
 from prometheus_client import CollectorRegistry
 
-from mm2py.cluster.assignment import TaskSlot
 from mm2py.cluster.member import MemberPart, NodeId
 from mm2py.cluster.metrics import NodeCollector
 from mm2py.cluster.survey import SurveyError, survey
 from mm2py.cluster.task import SPARES, NodeStats, TaskPart
 from mm2py.cluster.view import FlowCluster
 from mm2py.config import FlowConfig, MirrorConfig
-from mm2py.daemon.metrics import Metrics
-from mm2py.daemon.part import Part, freeze_start_up
-from mm2py.daemon.parts.checkpoint import CheckpointPart
-from mm2py.daemon.parts.ends import SourceEndsPart
-from mm2py.daemon.parts.heartbeat import HeartbeatPart
-from mm2py.daemon.parts.sync import SyncPart
-from mm2py.daemon.reachability import ClusterProbe, Reachability, ReachabilityCollector
-from mm2py.daemon.status import (
+from mm2py.errors import Mm2pyError
+from mm2py.kafka.access import check_cluster_access
+from mm2py.parts.checkpoint import CheckpointPart
+from mm2py.parts.ends import SourceEndsPart
+from mm2py.parts.heartbeat import HeartbeatPart
+from mm2py.parts.sync import SyncPart
+from mm2py.runtime.assignment import TaskSlot
+from mm2py.runtime.metrics import Metrics
+from mm2py.runtime.part import Part, freeze_start_up
+from mm2py.runtime.reachability import ClusterProbe, Reachability, ReachabilityCollector
+from mm2py.runtime.status import (
     FlowStatus,
     Health,
     LatencyWindow,
@@ -55,8 +57,6 @@ from mm2py.daemon.status import (
     flow_state,
     health,
 )
-from mm2py.errors import Mm2pyError
-from mm2py.kafka.access import check_cluster_access
 
 log = logging.getLogger(__name__)
 
@@ -80,24 +80,6 @@ def rest_address(host: str, port: int) -> str:
     if host in ("", "0.0.0.0", "::"):
         host = socket.gethostname()
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def select_flows(config: MirrorConfig, target_clusters: Sequence[str] | None) -> list[FlowConfig]:
-    """The enabled flows whose target is in `target_clusters` (as MM2's --clusters)."""
-    flows = config.enabled_flows()
-    if target_clusters:
-        flows = [f for f in flows if f.target in target_clusters]
-    return flows
-
-
-def select_heartbeat_flows(
-    config: MirrorConfig, target_clusters: Sequence[str] | None
-) -> list[FlowConfig]:
-    """The pairs that emit heartbeats (replicating or not) whose target is in `target_clusters`."""
-    flows = config.heartbeat_flows()
-    if target_clusters:
-        flows = [f for f in flows if f.target in target_clusters]
-    return flows
 
 
 def build_parts(
@@ -155,7 +137,7 @@ class Daemon:
         self.metrics = Metrics()
         self._stopping = threading.Event()
         if heartbeat_flows is None:
-            heartbeat_flows = select_heartbeat_flows(config, None)
+            heartbeat_flows = config.heartbeat_flows()
         self.parts = [
             Supervised(part, once_per_flow=True)
             for part in build_parts(config, self.flows, self.metrics, heartbeat_flows)

@@ -17,7 +17,7 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from mm2py.config import load_config
-from mm2py.daemon.supervisor import Daemon, select_flows
+from mm2py.daemon.supervisor import Daemon
 from mm2py.dev.launcher import LocalCluster, LocalClusterError, LocalKafka
 from mm2py.kafka import clients
 from mm2py.kafka.topics import create_topic
@@ -86,7 +86,7 @@ def run_demo(
     out(f"cluster A on {a.bootstrap_servers}, cluster B on {b.bootstrap_servers}")
     create_topic(clients.admin_client(a.client_properties()), "A", DEMO_TOPIC, 3, 1)
     config = load_config(config_path)
-    daemon = Daemon(config, select_flows(config, None), listen)
+    daemon = Daemon(config, config.enabled_flows(), listen)
     stop = threading.Event()
     workers = [
         threading.Thread(target=daemon.run, name="daemon"),

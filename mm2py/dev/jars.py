@@ -15,6 +15,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+from mm2py.cache import cache_root
 from mm2py.errors import Mm2pyError
 
 log = logging.getLogger(__name__)
@@ -25,11 +26,6 @@ LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 class JarFetchError(Mm2pyError):
     """Maven could not provide the Kafka jars."""
-
-
-def cache_root() -> Path:
-    """Where jars and local cluster state live unless told otherwise."""
-    return Path(os.environ.get("MM2PY_CACHE", Path.home() / ".cache" / "mm2py"))
 
 
 def jar_dir(pom: Path = POM) -> Path:

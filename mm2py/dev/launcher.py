@@ -25,7 +25,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mm2py.dev.jars import cache_root, java_command
+from mm2py.cache import cache_root
+from mm2py.dev.jars import java_command
 from mm2py.errors import Mm2pyError
 from mm2py.kafka.clients import describe_cluster
 

@@ -58,8 +58,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Final
 
+from mm2py.cache import cache_root
 from mm2py.config.properties import decode, parse_properties
-from mm2py.dev.jars import cache_root, spawn_java, stop_java
+from mm2py.dev.jars import spawn_java, stop_java
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mm2py.dev.jars import JarFetchError, cache_root
+from mm2py.cache import cache_root
+from mm2py.dev.jars import JarFetchError
 from mm2py.dev.launcher import (
     PORT_OFFSET_VARIABLE,
     LocalClusterError,

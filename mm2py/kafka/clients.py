@@ -6,7 +6,7 @@ launcher's recorded properties; tuning for a job is passed as `overrides`.
 librdkafka's own log lines go through Python logging, never to stderr; its line for
 every failed connection attempt (tens a second while a cluster is down) is folded: the
 first per cluster a minute at WARNING, the rest at DEBUG. Whether a cluster is
-reachable is the daemon's business (mm2py.daemon.reachability), in one line per change.
+reachable is the daemon's business (mm2py.runtime.reachability), in one line per change.
 """
 
 from __future__ import annotations

@@ -55,14 +55,11 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from mm2py.compat.filters import should_checkpoint_group
-from mm2py.compat.flow import FlowRules
 from mm2py.compat.formats import Checkpoint
 from mm2py.compat.offsets import OffsetSyncStore, Translation
 from mm2py.compat.policy import checkpoint_topic
 from mm2py.config import ClusterConfig, FlowConfig
-from mm2py.daemon.metrics import Metrics
-from mm2py.daemon.part import FlowPart
-from mm2py.daemon.scheduler import Scheduler
+from mm2py.config.rules import FlowRules
 from mm2py.kafka import clients
 from mm2py.kafka.groups import (
     CommittedOffset,
@@ -75,6 +72,9 @@ from mm2py.kafka.groups import (
 from mm2py.kafka.internal_topics import OffsetSyncTail, load_checkpoints
 from mm2py.kafka.topics import ensure_internal_topic, topic_partitions
 from mm2py.replication.stats import Sensor
+from mm2py.runtime.metrics import Metrics
+from mm2py.runtime.part import FlowPart
+from mm2py.runtime.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 

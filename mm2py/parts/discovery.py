@@ -4,7 +4,7 @@ Every ``refresh.topics.interval.seconds`` the source part asks `TopicDiscovery.r
 what changed: partitions of replicated topics not seen before (their remote topics
 created or grown first, in one batch) and partitions whose source topic is gone.
 
-A task (mm2py.cluster.assignment) sees only its own partitions. Task 0 creates and
+A task (mm2py.runtime.assignment) sees only its own partitions. Task 0 creates and
 grows the remote topics of the whole flow; another task takes a partition once its
 remote partition exists, and says it is `waiting` meanwhile so that it looks again soon.
 """
@@ -19,13 +19,13 @@ from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
-from mm2py.cluster.assignment import WHOLE_FLOW, TaskSlot
-from mm2py.compat.flow import FlowRules
 from mm2py.compat.topic_configs import ConfigPropertyFilter
+from mm2py.config.rules import FlowRules
 from mm2py.kafka.topics import TopicAdminError, await_topics, list_offsets, partition_counts
 from mm2py.replication.copy_loop import NewPartition
 from mm2py.replication.progress import SourcePartition
 from mm2py.replication.remote_topics import ensure_remote_topics
+from mm2py.runtime.assignment import WHOLE_FLOW, TaskSlot
 
 log = logging.getLogger(__name__)
 

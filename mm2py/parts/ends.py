@@ -19,12 +19,12 @@ from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
 from mm2py.config import ClusterConfig, FlowConfig
-from mm2py.daemon.metrics import Metrics
-from mm2py.daemon.part import FlowPart
-from mm2py.daemon.scheduler import Scheduler
 from mm2py.kafka import clients
 from mm2py.kafka.topics import TopicAdminError, list_offsets, partition_counts
 from mm2py.replication.progress import ProgressStore
+from mm2py.runtime.metrics import Metrics
+from mm2py.runtime.part import FlowPart
+from mm2py.runtime.scheduler import Scheduler
 
 SOURCE_ENDS_INTERVAL = 10.0
 WRITE_TIMEOUT = 30.0

@@ -41,16 +41,16 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from mm2py.compat.flow import FlowRules
 from mm2py.compat.formats import Heartbeat
 from mm2py.compat.policy import ReplicationPolicy, count_hops
 from mm2py.config import ClusterConfig, FlowConfig
-from mm2py.daemon.metrics import Metrics
-from mm2py.daemon.part import Part
-from mm2py.daemon.scheduler import Scheduler
+from mm2py.config.rules import FlowRules
 from mm2py.kafka import clients
 from mm2py.kafka.reader import ReaderError, TopicReader
 from mm2py.kafka.topics import ensure_internal_topic, partition_counts
+from mm2py.runtime.metrics import Metrics
+from mm2py.runtime.part import Part
+from mm2py.runtime.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 

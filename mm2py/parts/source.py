@@ -3,7 +3,7 @@
 One thread runs the copy loop (mm2py.replication.copy_loop) and its periodic work
 (progress every PROGRESS_INTERVAL, lag every LAG_INTERVAL, on the part's scheduler
 between batches); a second thread runs
-topic discovery (mm2py.daemon.parts.discovery) every
+topic discovery (mm2py.parts.discovery) every
 ``refresh.topics.interval.seconds`` and hands what it found to the loop through a
 queue, so admin calls never delay records. How offset syncs make translation
 exact: mm2py.replication.offset_syncs.
@@ -29,13 +29,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
-from mm2py.cluster.assignment import WHOLE_FLOW, TaskSlot, task_counts
 from mm2py.config import ClusterConfig, FlowConfig
-from mm2py.daemon.metrics import Metrics
-from mm2py.daemon.part import FlowPart
-from mm2py.daemon.parts.discovery import TopicChanges, TopicDiscovery
-from mm2py.daemon.scheduler import Scheduler
 from mm2py.kafka import clients
+from mm2py.parts.discovery import TopicChanges, TopicDiscovery
 from mm2py.replication import transactions
 from mm2py.replication.client_settings import (
     CONSUMER_REQUIRED,
@@ -54,6 +50,10 @@ from mm2py.replication.offset_syncs import OffsetSyncWriter, ensure_offset_syncs
 from mm2py.replication.progress import ProgressStore, SourcePartition
 from mm2py.replication.schemas import SchemaTranslator, translator_for
 from mm2py.replication.stats import ReplicationStats, SchemaStats
+from mm2py.runtime.assignment import WHOLE_FLOW, TaskSlot, task_counts
+from mm2py.runtime.metrics import Metrics
+from mm2py.runtime.part import FlowPart
+from mm2py.runtime.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 

@@ -43,13 +43,13 @@ from mm2py.compat.topic_configs import (
     config_changes,
 )
 from mm2py.config import ClusterConfig, FlowConfig
-from mm2py.daemon.metrics import Metrics
-from mm2py.daemon.part import FlowPart
-from mm2py.daemon.scheduler import Scheduler
 from mm2py.kafka import clients
 from mm2py.kafka.clients import ADMIN_TIMEOUT, error_text
 from mm2py.kafka.configs import describe_topic_configs
 from mm2py.kafka.topics import partition_counts
+from mm2py.runtime.metrics import Metrics
+from mm2py.runtime.part import FlowPart
+from mm2py.runtime.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from mm2py.cluster.assignment import group_id
 from mm2py.config import ClusterConfig, ConfigError, FlowConfig, MirrorConfig
+from mm2py.config.rules import group_id
 from mm2py.kafka import clients
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,9 @@ Check = Callable[[FlowConfig, ClusterConfig, str], "Refusal | None"]
 def transactional_id(prefix: str, source: str, target: str, task: int | str) -> str:
     """The transactional id of task `task` of flow source->target:
     ``<prefix>-<source>-><target>-<task>`` (`prefix` is ``cluster.group.prefix``), the
-    flow's group id and the task. Stable across restarts and moves, so a task's new
-    owner fences the previous one; ``task = "probe"`` is the start-up check's."""
+    flow's group id (`mm2py.config.rules.group_id`) and the task. Stable across restarts
+    and moves, so a task's new owner fences the previous one; ``task = "probe"`` is the
+    start-up check's."""
     return f"{group_id(prefix, source, target)}-{task}"
 
 

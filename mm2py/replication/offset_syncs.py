@@ -35,13 +35,13 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from mm2py.compat.flow import FlowRules
 from mm2py.compat.formats import (
     AFTER_START_SYNC_HEADER,
     CONTIGUOUS_SYNC_HEADER,
     POSITION_SYNC_HEADER,
     OffsetSync,
 )
+from mm2py.config.rules import FlowRules
 from mm2py.kafka.produce import produce_when_room
 from mm2py.kafka.topics import ensure_internal_topic
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from confluent_kafka.admin import AdminClient
 
-from mm2py.compat.flow import FlowRules
 from mm2py.compat.topic_configs import ConfigPropertyFilter, creation_configs
+from mm2py.config.rules import FlowRules
 from mm2py.kafka.configs import describe_topic_configs
 from mm2py.kafka.topics import TopicSpec, create_topics, grow_topics
 

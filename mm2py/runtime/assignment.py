@@ -1,10 +1,11 @@
 """How a flow's work is split into tasks and spread over the nodes of an mm2py cluster.
 
 Nodes: every `mm2py run` with the same config is a member of one consumer group per
-flow on the flow's target cluster (`group_id`), subscribed to a small internal topic
-(`tasks_topic`) that has one partition per task. Kafka's group protocol decides which
-member owns which partition, so it decides which node runs which task: membership,
-failure detection and balancing are the group coordinator's, nothing of mm2py's own.
+flow on the flow's target cluster (`mm2py.config.rules.group_id`), subscribed to a
+small internal topic (`tasks_topic`) that has one partition per task. Kafka's group
+protocol decides which member owns which partition, so it decides which node runs
+which task: membership, failure detection and balancing are the group coordinator's,
+nothing of mm2py's own.
 Under the KIP-848 `consumer` protocol and under `classic` with `cooperative-sticky`
 the moves are incremental: a node gives a task up (its copy loop stopped, flushed and
 its progress recorded) before the task is handed to another node, so a planned move
@@ -71,12 +72,6 @@ def task_of(topic: str, partition: int, tasks: int) -> int:
     crc32 of the name, not Python's hash(): every node must compute the same task.
     """
     return (zlib.crc32(topic.encode()) + partition) % tasks
-
-
-def group_id(prefix: str, source: str, target: str) -> str:
-    """The consumer group on the target cluster whose members are the flow's nodes
-    (``cluster.group.prefix``, default mm2py)."""
-    return f"{prefix}-{source}->{target}"
 
 
 def tasks_topic(source: str, tasks: int) -> str:

@@ -11,10 +11,10 @@ from abc import ABC, abstractmethod
 from confluent_kafka import KafkaError
 
 from mm2py import logs
-from mm2py.compat.flow import FlowRules
 from mm2py.config import ClusterConfig, FlowConfig
-from mm2py.daemon.metrics import Metrics
-from mm2py.daemon.reachability import UNREACHABLE_ERRORS, Reachability
+from mm2py.config.rules import FlowRules
+from mm2py.runtime.metrics import Metrics
+from mm2py.runtime.reachability import UNREACHABLE_ERRORS, Reachability
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ unreachable; the first answer makes it reachable again. Each change is logged on
 WARNING when a cluster becomes unreachable (after the grace), INFO when it answers
 again.
 
-Parts show UNREACHABLE for the clusters they use (mm2py.daemon.status), and
+Parts show UNREACHABLE for the clusters they use (mm2py.runtime.status), and
 `mm2py_cluster_reachable{cluster}` is 1 or 0.
 """
 

@@ -32,7 +32,7 @@ target:
    is (translate-offsets --apply --accept-inexact: at or before the group's position,
    so records may be read twice, none skipped), after the same check for members;
 2. what was never copied, per source partition the flow's topics select now: the end
-   offset the replicator last recorded for it (`daemon.parts.ends`, every 10 s, with
+   offset the replicator last recorded for it (`mm2py.parts.ends`, every 10 s, with
    its time) minus the flow's progress (the last offset copied). Offsets count
    transaction markers and aborted records too; records written to the source after
    that time are not known. The progress is written about every second behind the
@@ -54,8 +54,8 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
-from mm2py.compat.flow import FlowRules
 from mm2py.config import FlowConfig, MirrorConfig
+from mm2py.config.rules import FlowRules
 from mm2py.errors import Mm2pyError
 from mm2py.kafka import clients
 from mm2py.kafka.clients import error_text

@@ -40,16 +40,13 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
-from mm2py.cluster.assignment import tasks_topic
 from mm2py.compat.acls import missing_acls, target_acls
 from mm2py.compat.filters import should_checkpoint_group
-from mm2py.compat.flow import FlowRules
 from mm2py.compat.policy import is_cycle
 from mm2py.compat.schema_framing import remote_subject, topic_subjects
 from mm2py.compat.topic_configs import ConfigPropertyFilter, config_changes, creation_configs
 from mm2py.config import FlowConfig, MirrorConfig
-from mm2py.daemon.parts.sync import describe_topic_acls, has_authorizer
-from mm2py.daemon.supervisor import select_flows, select_heartbeat_flows
+from mm2py.config.rules import FlowRules
 from mm2py.errors import Mm2pyError
 from mm2py.kafka import clients
 from mm2py.kafka.access import ClusterAccessError, check_cluster_access
@@ -57,9 +54,11 @@ from mm2py.kafka.clients import error_text
 from mm2py.kafka.configs import describe_topic_configs
 from mm2py.kafka.groups import list_groups, read_committed
 from mm2py.kafka.topics import TopicAdminError, list_offsets, partition_counts
+from mm2py.parts.sync import describe_topic_acls, has_authorizer
 from mm2py.replication.progress import ProgressStore
 from mm2py.replication.remote_topics import plan_remote_topics
 from mm2py.replication.schemas import registry_client
+from mm2py.runtime.assignment import tasks_topic
 
 SAMPLE_RECORDS = 200  # per topic, for the backlog's bytes
 SAMPLE_SECONDS = 2.0
@@ -271,8 +270,8 @@ class _Reader:
 
 def make_plan(config: MirrorConfig, target_clusters: Sequence[str] | None = None) -> Plan:
     """The plan of every flow `mm2py run --clusters target_clusters` would run."""
-    flows = select_flows(config, target_clusters)
-    heartbeat_flows = select_heartbeat_flows(config, target_clusters)
+    flows = config.enabled_flows(target_clusters)
+    heartbeat_flows = config.heartbeat_flows(target_clusters)
     aliases = {a for f in [*flows, *heartbeat_flows] for a in (f.source, f.target)}
     try:
         check_cluster_access(config, aliases)

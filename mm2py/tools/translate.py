@@ -35,11 +35,11 @@ from typing import Any, Final, Literal
 
 from confluent_kafka import KafkaException
 
-from mm2py.compat.flow import FlowRules
 from mm2py.compat.formats import Checkpoint
 from mm2py.compat.offsets import OffsetSyncStore
 from mm2py.compat.policy import ReplicationPolicy, checkpoint_topic
 from mm2py.config import ConfigError, FlowConfig, MirrorConfig
+from mm2py.config.rules import FlowRules
 from mm2py.errors import UsageError
 from mm2py.kafka import clients
 from mm2py.kafka.groups import (

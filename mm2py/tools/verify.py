@@ -18,9 +18,9 @@ from typing import Any, TextIO
 
 from confluent_kafka import KafkaException
 
-from mm2py.compat.flow import FlowRules
 from mm2py.compat.offsets import OffsetSyncStore
 from mm2py.config import FlowConfig, MirrorConfig
+from mm2py.config.rules import FlowRules
 from mm2py.errors import Mm2pyError
 from mm2py.kafka import clients
 from mm2py.kafka.internal_topics import read_offset_syncs

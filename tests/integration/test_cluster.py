@@ -41,7 +41,6 @@ from confluent_kafka.admin import AlterConfigOpType, ConfigEntry  # type: ignore
 from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.admin._resource import ResourceType
 
-from mm2py.cluster.assignment import task_of
 from mm2py.compat.formats import (
     Checkpoint,
     Heartbeat,
@@ -51,6 +50,7 @@ from mm2py.compat.formats import (
 from mm2py.dev.launcher import LocalCluster
 from mm2py.dev.mirrormaker import RealMirrorMaker
 from mm2py.kafka import clients
+from mm2py.runtime.assignment import task_of
 from tests.conftest import Clusters
 from tests.daemon_harness import RunningDaemon, mm2_properties, running_daemon
 from tests.integration.test_mm2_handover import (

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-import mm2py.daemon.metrics
+import mm2py.runtime.metrics
 from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka import clients
 from tests.daemon_harness import free_port, mm2_properties, running_daemon
@@ -154,7 +154,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
     # mm2py_checkpoint_latency_seconds comes with the checkpoint part; skip its panel only
     # if the metric is not defined at all.
     has_checkpoints = (
-        "mm2py_checkpoint_latency_seconds" in Path(mm2py.daemon.metrics.__file__).read_text()
+        "mm2py_checkpoint_latency_seconds" in Path(mm2py.runtime.metrics.__file__).read_text()
     )
     if not has_checkpoints:
         queries = [(t, q) for t, q in queries if "checkpoint_latency" not in q]

@@ -22,11 +22,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mm2py.compat.formats import Heartbeat
 from mm2py.config import load_config
-from mm2py.daemon.metrics import Metrics
-from mm2py.daemon.parts.heartbeat import HeartbeatPart
 from mm2py.dev.launcher import LocalCluster
 from mm2py.dev.mirrormaker import render_properties
 from mm2py.kafka import clients
+from mm2py.parts.heartbeat import HeartbeatPart
+from mm2py.runtime.metrics import Metrics
 from tests.conftest import Clusters
 from tests.daemon_harness import running_daemon
 from tests.kafka_helpers import create_topic, end_offsets, produce, topic_names, wait_until

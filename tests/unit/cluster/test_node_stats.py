@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mm2py.cluster.task import NodeStats, _errors_counted, changed_since
-from mm2py.daemon.metrics import Metrics
 from mm2py.replication.stats import Extremes, PartitionStats, ReplicationStats
+from mm2py.runtime.metrics import Metrics
 
 
 def _stats(records: int, lag: int) -> PartitionStats:

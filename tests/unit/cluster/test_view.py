@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mm2py.cluster.member import NodeId
 from mm2py.cluster.view import Member, flow_cluster, format_cluster
-from mm2py.daemon.status import FlowStatus, PartStatus
+from mm2py.runtime.status import FlowStatus, PartStatus
 
 
 def _node(port: int) -> NodeId:

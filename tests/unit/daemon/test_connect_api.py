@@ -34,7 +34,7 @@ from mm2py.daemon.connect_api import (
     task_state,
     worker_id,
 )
-from mm2py.daemon.status import FlowStatus, Health, PartStatus, flow_state, health
+from mm2py.runtime.status import FlowStatus, Health, PartStatus, flow_state, health
 
 SECRET = "pw-Zq81xv"
 CONFIG = f"""clusters = A, B

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from mm2py.config import FlowConfig
-from mm2py.daemon.part import Part
 from mm2py.daemon.supervisor import Daemon, Supervised
+from mm2py.runtime.part import Part
 from tests.unit.daemon.conftest import offline_daemon
 
 

@@ -10,9 +10,10 @@ import pytest
 from confluent_kafka import KafkaError
 
 from mm2py.config import ConfigError, FlowConfig, load_config
-from mm2py.daemon.part import FlowPart
-from mm2py.daemon.reachability import Reachability
-from mm2py.daemon.status import (
+from mm2py.daemon.supervisor import Daemon, Supervised, build_reachability
+from mm2py.runtime.part import FlowPart
+from mm2py.runtime.reachability import Reachability
+from mm2py.runtime.status import (
     FlowStatus,
     PartStatus,
     TopicStatus,
@@ -20,7 +21,6 @@ from mm2py.daemon.status import (
     format_status,
     health,
 )
-from mm2py.daemon.supervisor import Daemon, Supervised, build_reachability
 from tests.unit.daemon.conftest import offline_daemon
 
 REASON = "cluster B (127.0.0.1:29092) since 12:03:04"

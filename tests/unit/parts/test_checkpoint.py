@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from mm2py.compat.flow import FlowRules
 from mm2py.compat.formats import Checkpoint, OffsetSync
 from mm2py.compat.offsets import OffsetSyncStore, Translation
 from mm2py.config import FlowConfig
 from mm2py.config.models import FlowSettings
-from mm2py.daemon.parts.checkpoint import (
+from mm2py.config.rules import FlowRules
+from mm2py.kafka.groups import CommittedOffset
+from mm2py.parts.checkpoint import (
     CheckpointStore,
     is_newer,
     offsets_to_sync,
     proven_by_new_syncs,
     translate_group,
 )
-from mm2py.kafka.groups import CommittedOffset
 
 
 def _rules(**settings: Any) -> FlowRules:

@@ -8,10 +8,10 @@ import pytest
 
 from mm2py.compat.policy import DefaultReplicationPolicy, IdentityReplicationPolicy
 from mm2py.config import MirrorConfig, load_config
-from mm2py.daemon.metrics import Metrics
-from mm2py.daemon.parts.checkpoint import CheckpointPart
-from mm2py.daemon.parts.heartbeat import HeartbeatPart, HeartbeatPath, heartbeat_path
-from mm2py.daemon.supervisor import build_parts, select_flows, select_heartbeat_flows
+from mm2py.daemon.supervisor import build_parts
+from mm2py.parts.checkpoint import CheckpointPart
+from mm2py.parts.heartbeat import HeartbeatPart, HeartbeatPath, heartbeat_path
+from mm2py.runtime.metrics import Metrics
 
 DEFAULT = DefaultReplicationPolicy()
 
@@ -60,9 +60,9 @@ def _config(tmp_path: Path, extra: str) -> MirrorConfig:
 def _heartbeat_parts(config: MirrorConfig, clusters: list[str] | None) -> list[HeartbeatPart]:
     parts = build_parts(
         config,
-        select_flows(config, clusters),
+        config.enabled_flows(clusters),
         Metrics(),
-        select_heartbeat_flows(config, clusters),
+        config.heartbeat_flows(clusters),
     )
     return [p for p in parts if isinstance(p, HeartbeatPart)]
 

@@ -9,9 +9,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from mm2py.compat.flow import FlowRules
 from mm2py.compat.topic_configs import SOURCE_DEFAULT, SOURCE_TOPIC, ConfigPropertyFilter
 from mm2py.config import load_config
+from mm2py.config.rules import FlowRules
 from mm2py.replication.remote_topics import ensure_remote_topics, plan_remote_topics
 
 

@@ -15,11 +15,11 @@ import pytest
 from confluent_kafka import TopicPartition
 from prometheus_client import generate_latest
 
-from mm2py.daemon.metrics import Metrics
-from mm2py.daemon.status import FlowStatus, PartStatus, TopicStatus, format_status
 from mm2py.replication.copy_loop import AFTER_RESET, CopyLoop, NewPartition, OffsetResetLog
 from mm2py.replication.offset_syncs import OffsetSyncWriter
 from mm2py.replication.stats import ReplicationStats
+from mm2py.runtime.metrics import Metrics
+from mm2py.runtime.status import FlowStatus, PartStatus, TopicStatus, format_status
 from tests.unit.replication.test_copy_loop import (
     FakeConsumer,
     FakeProducer,

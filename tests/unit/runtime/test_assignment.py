@@ -6,16 +6,16 @@ from collections import Counter
 
 import pytest
 
-from mm2py.cluster.assignment import (
+from mm2py.cluster.member import NodeId
+from mm2py.config.rules import group_id
+from mm2py.runtime.assignment import (
     BrokerGroupSettings,
     TaskSlot,
     choose_protocol,
-    group_id,
     task_counts,
     task_of,
     tasks_topic,
 )
-from mm2py.cluster.member import NodeId
 
 
 def test_every_partition_has_exactly_one_task_in_range() -> None:

@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from pytest import MonkeyPatch
 
 from mm2py.config import load_config
-from mm2py.daemon.metrics import Metrics, exposition
 from mm2py.replication.copy_loop import ACK_POLL_MAX, ACK_POLL_TIMEOUT, CopyLoop, NewPartition
 from mm2py.replication.stats import LATENCY_BUCKETS, ReplicationStats, SchemaStats, summed
+from mm2py.runtime.metrics import Metrics, exposition
 from tests.unit.replication.test_copy_loop import FakeConsumer, FakeProducer, FakeProgress, Record
 
 FAMILIES = (

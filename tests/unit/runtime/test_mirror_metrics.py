@@ -12,12 +12,6 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mm2py.config import load_config
-from mm2py.daemon.metrics import (
-    MIRROR_CHECKPOINT,
-    MIRROR_SOURCE,
-    Metrics,
-    exposition,
-)
 from mm2py.replication.stats import (
     WINDOW,
     Extremes,
@@ -26,6 +20,12 @@ from mm2py.replication.stats import (
     ReplicationStats,
     Sensor,
     summed,
+)
+from mm2py.runtime.metrics import (
+    MIRROR_CHECKPOINT,
+    MIRROR_SOURCE,
+    Metrics,
+    exposition,
 )
 
 T0 = 1_700_000_000.0

@@ -8,7 +8,7 @@ import time
 import pytest
 from confluent_kafka import KafkaError
 
-from mm2py.daemon.reachability import Reachability, ReachabilityCollector, clock_time
+from mm2py.runtime.reachability import Reachability, ReachabilityCollector, clock_time
 
 
 class FakeClock:
@@ -37,7 +37,9 @@ def tracker(clock: FakeClock, grace: float = 30.0) -> Reachability:
 
 def messages(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
     return [
-        (r.levelno, r.getMessage()) for r in caplog.records if r.name == "mm2py.daemon.reachability"
+        (r.levelno, r.getMessage())
+        for r in caplog.records
+        if r.name == "mm2py.runtime.reachability"
     ]
 
 

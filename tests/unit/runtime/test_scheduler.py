@@ -9,7 +9,7 @@ import threading
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from mm2py.daemon.scheduler import Scheduler
+from mm2py.runtime.scheduler import Scheduler
 
 
 class Clock:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from mm2py.daemon.status import (
+from mm2py.replication.stats import LATENCY_BUCKETS, Histogram
+from mm2py.runtime.status import (
     FlowStatus,
     LatencyWindow,
     PartStatus,
@@ -13,7 +14,6 @@ from mm2py.daemon.status import (
     quantile,
     resolve_flow,
 )
-from mm2py.replication.stats import LATENCY_BUCKETS, Histogram
 
 
 def _counts(*seconds: float) -> list[int]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mm2py.compat.flow import FlowRules
 from mm2py.config import load_config
+from mm2py.config.rules import FlowRules
 from mm2py.tools.plan import internal_topics, left_out_reason, topic_choice
 
 

@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mm2py.compat.flow import FlowRules
 from mm2py.compat.formats import Checkpoint, OffsetSync
 from mm2py.compat.offsets import OffsetSyncStore
 from mm2py.compat.policy import DefaultReplicationPolicy, IdentityReplicationPolicy
 from mm2py.config import FlowConfig, MirrorConfig, load_config
 from mm2py.config.models import FlowSettings
+from mm2py.config.rules import FlowRules
 from mm2py.tools.translate import (
     SourceView,
     apply_offsets,
