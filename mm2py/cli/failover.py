@@ -12,7 +12,7 @@ from mm2py.errors import EXIT_FAILED, EXIT_OK, UsageError
 
 def run(args: argparse.Namespace) -> int:
     from mm2py.config import load_config
-    from mm2py.tools.failover import disaster_failover, planned_failover
+    from mm2py.tools.failover import disaster_failover, diverged_tail, planned_failover
     from mm2py.tools.translate import check_aliases
 
     try:
@@ -21,7 +21,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--groups: invalid regular expression: {err}") from None
     config = load_config(args.config)
     flow = check_aliases(config, args.source, args.target)
-    if args.disaster:
+    if args.diverged:
+        result = diverged_tail(config, flow)
+    elif args.disaster:
         result = disaster_failover(config, flow, groups, args.dry_run)
     else:
         result = planned_failover(config, flow, groups, args.timeout, args.dry_run)
@@ -41,7 +43,11 @@ def add_parser(sub: Subparsers) -> None:
             "members on the target refuses the command. Exit status 0 when every group "
             "partition is exact (and committed, unless --dry-run); 1 when the timeout "
             "passes first, naming what is missing; 2 usage error or refused. --disaster reads "
-            "only the target: commits the newest checkpoints and lists what was never copied."
+            "only the target: commits the newest checkpoints and lists what was never copied. "
+            "Failback after a disaster (A->B): --source B --target A --planned moves the "
+            "groups back, those that read A's topics through their copies on B to those "
+            "topics on A, translated exactly through A->B's offset syncs; --diverged lists "
+            "what A took in that B never got."
         ),
     )
     add_pair_arguments(p)
@@ -62,6 +68,12 @@ def add_parser(sub: Subparsers) -> None:
         action="store_true",
         help="the source is lost: commit the newest checkpoints without waiting on it, and "
         "list per partition what was never copied",
+    )
+    mode.add_argument(
+        "--diverged",
+        action="store_true",
+        help="failback (--source B --target A after a disaster A->B): list per partition the "
+        "records A took in that A->B never copied to B; commits nothing",
     )
     p.add_argument(
         "--timeout",

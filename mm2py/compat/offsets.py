@@ -48,6 +48,19 @@ Syncs written by MM2 are sparser and carry no such guarantee (after a hand-over
 between MM2 and mm2py the syncs topic holds both): mm2py marks its own syncs with
 a header, and the records between two syncs that are not both marked are treated
 like those between syncs compaction separated: one past the earlier sync.
+
+Translated back (`PartitionSyncs.upstream_position`, for a failback): a group that read
+the target copy up to target position D has read, among the source's records, exactly
+those before
+
+    min(u1 + (D - d1), u2)      for the last sync with d1 <= D
+
+between two syncs that prove contiguity (the same segments as above, read the other way;
+D inside a target gap, transaction markers, gives u2: the group read every record before
+it). D = d of a sync gives its u, and past the newest (u, d) of a copied record D = d + 1
+gives u + 1: the group read the last record copied. Anything further past the newest sync,
+or across syncs that are not both mm2py's or that compaction separated, is not proven, and
+gives one past the earlier sync (records are read again, none skipped).
 """
 
 from __future__ import annotations
@@ -69,6 +82,18 @@ class Translation:
     """
 
     downstream: int
+    exact: bool
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamPosition:
+    """Where a group that read the target copy up to some position stands on the source.
+
+    `upstream` is the source position (the next offset to read) when `exact`; otherwise a
+    position at or before it: records may be read again, none is skipped.
+    """
+
+    upstream: int
     exact: bool
 
 
@@ -165,6 +190,30 @@ class PartitionSyncs:
             return Translation(downstream + 1, True)
         return Translation(downstream + step, False)
 
+    def upstream_position(self, downstream: int) -> UpstreamPosition | None:
+        """Source position of target position `downstream` (see the module docstring).
+
+        None when `downstream` is before the first sync, or when the syncs go back on
+        the target (a target topic truncated or made anew): then they prove nothing here.
+        """
+        if any(a > b for a, b in zip(self.downstream, self.downstream[1:], strict=False)):
+            return None
+        i = bisect_right(self.downstream, downstream) - 1
+        if i < 0:
+            return None
+        upstream, synced = self.upstream[i], self.downstream[i]
+        if downstream == synced:
+            return UpstreamPosition(upstream, True)
+        step = 0 if self.position[i] else 1  # the group read the record synced at i
+        if i + 1 < len(self.upstream):
+            following = self.upstream[i + 1]
+            if self.gapped[i + 1]:
+                return UpstreamPosition(min(upstream + step, following), False)
+            return UpstreamPosition(min(upstream + (downstream - synced), following), True)
+        if downstream == synced + 1 and step:
+            return UpstreamPosition(upstream + 1, True)
+        return UpstreamPosition(upstream + step, False)
+
     def translate(self, offset: int) -> int | None:
         """Target offset of the first copied record at or after source `offset`, or None.
 
@@ -233,6 +282,14 @@ class OffsetSyncStore:
         """Target position of `offset` of `topic`-`partition` (see `PartitionSyncs.translation`)."""
         syncs = self.partitions.get((topic, partition))
         return syncs.translation(offset) if syncs else None
+
+    def upstream_position(
+        self, topic: str, partition: int, downstream: int
+    ) -> UpstreamPosition | None:
+        """Source position of target position `downstream` in the copy of source
+        `topic`-`partition` (see `PartitionSyncs.upstream_position`)."""
+        syncs = self.partitions.get((topic, partition))
+        return syncs.upstream_position(downstream) if syncs else None
 
     def translate(self, topic: str, partition: int, offset: int) -> int | None:
         """Target offset of the first copied record at or after `offset` of `topic`-`partition`."""

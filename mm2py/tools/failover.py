@@ -13,7 +13,10 @@ replicator still runs. Contract, in order:
 3. It selects the groups the flow checkpoints (its group filter, with offsets on a
    copied topic) whose name matches --groups in full, and waits until translate-offsets
    proves every one of their partitions exact (`tools.translate`: checkpoints confirmed
-   by the offset syncs).
+   by the offset syncs). A failback (the config has the flow the other way, target ->
+   source) selects, too, the groups with offsets on returning topics, the source's
+   copies of the target's own topics: those go back to the target's topics, translated
+   through the other flow's offset syncs (`tools.failback`), exact or not.
 4. A selected group with members on the target refuses the whole command (exit 2), and
    nothing is committed: their positions would change under them.
 5. It commits each group's exact positions on the target (not with --dry-run) and
@@ -39,6 +42,9 @@ target:
    copy, so the last second's records may be counted though they were copied.
 
 Exit 0 when every selected group's checkpoints were committed; 1 otherwise.
+
+`--diverged` (a failback's source B and target A) writes nothing: it lists the divergent
+tail, A's records that the flow A->B never copied to B (`tools.failback.diverged`).
 """
 
 from __future__ import annotations
@@ -64,6 +70,15 @@ from mm2py.kafka.internal_topics import load_checkpoints
 from mm2py.kafka.reader import ReaderError
 from mm2py.kafka.topics import TopicAdminError, list_offsets, partition_counts
 from mm2py.replication.progress import ProgressStore
+from mm2py.tools.failback import (
+    Diverged,
+    back_flow,
+    diverged,
+    read_back_syncs,
+    returning_groups,
+    returning_topics,
+    translate_back,
+)
 from mm2py.tools.plan import checkpointed_groups
 from mm2py.tools.translate import (
     ApplyRefused,
@@ -100,6 +115,7 @@ class FailoverResult:
     dry_run: bool
     mode: str = "planned"
     not_copied: list[NotCopied] = field(default_factory=list)  # --disaster
+    diverged: list[Diverged] = field(default_factory=list)  # --diverged
     behind: dict[str, int] = field(default_factory=dict)  # "topic-partition" -> records not copied
     reports: list[Report] = field(default_factory=list)
     ok: bool = False
@@ -115,13 +131,18 @@ class FailoverResult:
             "missing": self.missing,
             "groups": [to_json(r) for r in self.reports],
         }
-        if self.mode == "planned":
+        if self.mode == "diverged":
+            del data["groups"]
+            data["diverged"] = [asdict(d) for d in self.diverged]
+        elif self.mode == "planned":
             data["not_copied_yet"] = self.behind
         else:
             data["not_copied"] = [asdict(n) for n in self.not_copied]
         return json.dumps(data, indent=2) + "\n"
 
     def to_text(self) -> str:
+        if self.mode == "diverged":
+            return self._diverged_text()
         lines = [format_text(r) for r in self.reports]
         if self.behind:
             behind = ", ".join(f"{tp} ({n} records)" for tp, n in sorted(self.behind.items()))
@@ -147,6 +168,19 @@ class FailoverResult:
         lines.append(verdict + "\n")
         return "".join(lines)
 
+    def _diverged_text(self) -> str:
+        tail = sum(d.records for d in self.diverged)
+        lines = [
+            f"divergent tail: {tail} records of {self.target} that {self.target} -> "
+            f"{self.source} never copied to {self.source}\n"
+        ]
+        lines += [
+            f"  {d.topic}-{d.partition}: {d.records} records, offsets {d.first_offset} to "
+            f"{d.last_offset}\n"
+            for d in self.diverged
+        ]
+        return "".join(lines)
+
 
 def planned_failover(
     config: MirrorConfig,
@@ -170,6 +204,9 @@ def planned_failover(
         ) from None
     copied = {t: n for t, n in counts.items() if rules.should_replicate(t)}
     ends = _end_offsets(source_admin, flow, copied)
+    back = back_flow(config, flow)
+    back_rules = FlowRules(back) if back is not None else None
+    returning = returning_topics(back_rules, counts) if back_rules is not None else {}
     # 2. Everything the source had is copied.
     while True:
         try:
@@ -183,13 +220,15 @@ def planned_failover(
             break
         time.sleep(POLL_INTERVAL)
     # 3. Every selected group proven exact.
-    names = [
-        g
-        for g in checkpointed_groups(config, rules, source_admin, counts)
-        if groups is None or groups.fullmatch(g)
-    ]
+    candidates = set(checkpointed_groups(config, rules, source_admin, counts))
+    candidates |= set(returning_groups(config, rules, source_admin, counts, returning))
+    names = sorted(g for g in candidates if groups is None or groups.fullmatch(g))
     while True:
         result.reports = [gather(config, flow, g) for g in names]
+        if back_rules is not None and returning:
+            syncs, problem = read_back_syncs(config, back_rules)
+            for report in result.reports:
+                translate_back(report, back_rules, returning, syncs, problem)
         if all(r.exact for r in result.reports) or clock() >= deadline:
             break
         time.sleep(POLL_INTERVAL)
@@ -305,6 +344,14 @@ def disaster_failover(
     if incomplete:
         result.missing.append(f"group(s) with untranslated partitions: {', '.join(incomplete)}")
     result.ok = not result.missing
+    return result
+
+
+def diverged_tail(config: MirrorConfig, flow: FlowConfig) -> FailoverResult:
+    """`--diverged`: the divergent tail, nothing written."""
+    result = FailoverResult(flow.source, flow.target, dry_run=True, mode="diverged")
+    result.diverged = diverged(config, flow)
+    result.ok = True
     return result
 
 

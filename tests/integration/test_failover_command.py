@@ -1,6 +1,7 @@
 """`mm2py failover --planned` against real clusters (issue 25): groups move from A to B at
 exact positions, in both delivery modes; a dry run commits nothing; a group with members
-on B refuses the command.
+on B refuses the command; after a disaster, groups fail back to A exactly and the records
+A took in that B never got are listed.
 
 The scenario helpers are test_failover's: numbered records, a group that reads part of
 them on A and commits, and a reader on B that counts duplicates and gaps.
@@ -21,12 +22,15 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from mm2py.config import load_config
+from mm2py.dev import mirrormaker
 from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka import clients
 from mm2py.replication.progress import ProgressStore
 from mm2py.tools.translate import gather
 from tests.conftest import Clusters
+from tests.daemon_harness import running_daemon
 from tests.integration.test_failover import (
+    EXACTLY_ONCE,
     MODES,
     Mode,
     consume_and_commit,
@@ -36,14 +40,16 @@ from tests.integration.test_failover import (
     read_rest_on_b,
     score,
 )
-from tests.kafka_helpers import create_topic, produce, wait_until
+from tests.kafka_helpers import create_topic, produce, read_all, wait_until
 
 pytestmark = pytest.mark.integration
 
 
-def _failover(config: Path, prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "mm2py.cli", "failover", str(config), "--source", "A"]
-    command += ["--target", "B", "--groups", f"{prefix}-.*", "--timeout", "120", "--json"]
+def _failover(
+    config: Path, prefix: str, *args: str, source: str = "A", target: str = "B"
+) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "mm2py.cli", "failover", str(config), "--source", source]
+    command += ["--target", target, "--groups", f"{prefix}-.*", "--timeout", "120", "--json"]
     return subprocess.run(
         [*command, *args], capture_output=True, text=True, timeout=300, check=False
     )
@@ -194,3 +200,87 @@ def test_disaster_failover_with_the_source_frozen_lists_what_was_never_copied(
     rest = read_rest_on_b(b, remote, group, valid - set(consumed))
     out = score("disaster", consumed, valid, rest)
     assert (out.duplicates, out.gaps) == (0, 0), out.line()
+
+
+def _failback_config(tmp: Path, a: LocalCluster, b: LocalCluster, prefix: str, mode: Mode) -> Path:
+    """The same clusters with B->A running and A->B stopped: A is back after the disaster,
+    and what it took in that B never got is not copied now (the runbook's failback)."""
+    extra = {
+        "A->B.enabled": "false",
+        "B->A.enabled": "true",
+        "B->A.emit.heartbeats.enabled": "",
+        "groups": f"{prefix}-.*",
+    }
+    if mode == "exactly-once":
+        extra |= EXACTLY_ONCE | {"A.exactly.once.source.support": "enabled"}
+    props = mirrormaker.mm2_properties(
+        a.alias, a.bootstrap_servers, b.alias, b.bootstrap_servers, f"{prefix}-.*", **extra
+    )
+    props["cluster.group.prefix"] = f"mm2py-test-{uuid.uuid4().hex[:12]}"
+    path = tmp / f"{prefix}-back.properties"
+    path.write_text(mirrormaker.render_properties(props))
+    return path
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_failback_after_a_disaster_is_exact_and_lists_the_divergent_tail(
+    clusters: Clusters, tmp_path: Path, mode: Mode
+) -> None:
+    a, b = clusters["A"], clusters["B"]
+    prefix = f"fo-back-{uuid.uuid4().hex[:8]}"
+    topic, remote, group = f"{prefix}-orders", f"A.{prefix}-orders", f"{prefix}-g"
+    create_topic(a, topic)
+    produce(a, topic, numbered(0, 300))
+    config = mode_config(tmp_path, a, b, prefix, mode)
+    broker = clusters.kafka.pid("A")
+    assert broker is not None
+    with running_daemon(config) as daemon:
+        on_a, _ = consume_and_commit(a, topic, group, count=100)
+
+        def settled() -> bool:
+            progress, _ends = _recorded(b)
+            report = gather(load_config(config), load_config(config).flow("A", "B"), group)
+            return progress.get((topic, 0)) == 299 and report.exact and len(report.rows) == 1
+
+        wait_until(settled, timeout=90, what="copy, progress and exact checkpoint")
+        (task,) = daemon.task_pids()
+        os.kill(task, signal.SIGSTOP)  # the copy stops ...
+        produce(a, topic, numbered(300, 120))  # ... A takes in 120 records B never gets
+        os.killpg(broker, signal.SIGSTOP)  # and A is lost
+        try:
+            disaster = _failover(config, prefix, "--disaster")
+            # The replicator goes down with A: nothing more is copied when A is back.
+            daemon.proc.kill()
+            daemon.proc.wait(10)
+            os.kill(task, signal.SIGKILL)
+        finally:
+            os.killpg(broker, signal.SIGCONT)
+    assert disaster.returncode == 0, disaster.stdout + disaster.stderr
+    assert [(g["group"], g["applied"]) for g in json.loads(disaster.stdout)["groups"]] == [
+        (group, 1)
+    ]
+    # The group goes on on B, through A's records copied there.
+    on_b, _ = consume_and_commit(b, remote, group, count=100)
+    assert on_b == [str(n).encode() for n in range(100, 200)]
+    # What B really got: A's records 0..299, so A's 300..419 are the divergent tail.
+    assert sorted(int(r.value) for r in read_all(b, remote)) == list(range(300))
+
+    back = _failback_config(tmp_path, a, b, prefix, mode)
+    listed = _failover(back, prefix, "--diverged", source="B", target="A")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert json.loads(listed.stdout)["diverged"] == [
+        {"topic": topic, "partition": 0, "records": 120, "first_offset": 300, "last_offset": 419}
+    ]
+    with mm2py_daemon(back):
+        moved = _failover(back, prefix, "--planned", source="B", target="A")
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    result = json.loads(moved.stdout)
+    ((row,),) = [g["rows"] for g in result["groups"]]
+    assert (row["topic"], row["source_topic"], row["status"]) == (topic, remote, "ok")
+    assert (row["upstream_offset"], row["downstream_offset"]) == (200, 200)
+    assert [(g["group"], g["applied"]) for g in result["groups"]] == [(group, 1)]
+    # On A again: the group reads what it read neither on A nor on B, the tail included.
+    valid = {str(n).encode() for n in range(420)}
+    rest = read_rest_on_b(a, topic, group, valid - set(on_a) - set(on_b))
+    out = score("failback", on_a + on_b, valid, rest)
+    assert (out.duplicates, out.gaps, out.read_on_b) == (0, 0, 220), out.line()

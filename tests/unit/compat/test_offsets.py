@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mm2py.compat.formats import OffsetSync
-from mm2py.compat.offsets import OffsetSyncStore, PartitionSyncs, Translation
+from mm2py.compat.offsets import OffsetSyncStore, PartitionSyncs, Translation, UpstreamPosition
 
 
 def _syncs(*pairs: tuple[int, int]) -> PartitionSyncs:
@@ -214,3 +214,67 @@ def test_a_position_sync_continues_into_the_records_copied_after_it() -> None:
     gapped.add(251, 250, position=True)
     gapped.add(300, 280, after_gap=True)
     assert gapped.translation(260) == Translation(250, exact=False)
+
+
+# ------------------------------------------------ back from the target (failback)
+
+
+def test_a_target_position_translates_back_exactly_between_proving_syncs() -> None:
+    # Records 0..9 copied to 0..9; 10..20 not copied (aborted, a marker); 21..29 to 10..18.
+    syncs = _syncs((0, 0), (21, 10), (30, 19))
+    back = [syncs.upstream_position(d) for d in (0, 5, 10, 15, 19, 20)]
+    assert back == [
+        UpstreamPosition(0, exact=True),
+        UpstreamPosition(5, exact=True),
+        UpstreamPosition(21, exact=True),  # read 0..9: 10..20 hold no record to read
+        UpstreamPosition(26, exact=True),
+        UpstreamPosition(30, exact=True),
+        UpstreamPosition(31, exact=True),  # read the last record copied, 30
+    ]
+    # Each exact position is where the forward translation sends it again.
+    for d in (0, 5, 10, 15, 19, 20):
+        found = syncs.upstream_position(d)
+        assert found is not None and syncs.translate(found.upstream) == d
+
+
+def test_a_target_gap_translates_back_to_the_next_record() -> None:
+    # Transactions on the target: records 0..4 at 0..4, a commit marker at 5, 5.. at 6...
+    syncs = _syncs((0, 0), (5, 6), (9, 10))
+    assert syncs.upstream_position(5) == UpstreamPosition(5, exact=True)  # the marker
+    assert syncs.upstream_position(8) == UpstreamPosition(7, exact=True)
+
+
+def test_back_past_the_newest_sync_only_the_next_record_is_proven() -> None:
+    syncs = _syncs((0, 0), (21, 10))
+    assert syncs.upstream_position(11) == UpstreamPosition(22, exact=True)
+    # 11.. may be copies of records after a gap whose sync has not come: read again.
+    assert syncs.upstream_position(12) == UpstreamPosition(22, exact=False)
+    assert syncs.upstream_position(40) == UpstreamPosition(22, exact=False)
+
+
+def test_back_across_syncs_that_do_not_prove_contiguity_is_not_exact() -> None:
+    gapped = _syncs((0, 0))
+    gapped.add(50, 48, after_gap=True)
+    assert gapped.upstream_position(30) == UpstreamPosition(1, exact=False)
+    assert gapped.upstream_position(48) == UpstreamPosition(50, exact=True)
+    store = OffsetSyncStore()
+    store.add(OffsetSync("t", 0, 0, 0), contiguous=False)
+    store.add(OffsetSync("t", 0, 99, 97), contiguous=False)
+    assert store.upstream_position("t", 0, 60) == UpstreamPosition(1, exact=False)
+    assert store.upstream_position("u", 0, 60) is None
+
+
+def test_back_before_the_first_sync_or_over_a_target_made_anew_is_unknown() -> None:
+    syncs = _syncs((100, 50), (200, 150))
+    assert syncs.upstream_position(49) is None
+    # The target topic was made anew: the newest sync goes back on the target.
+    syncs.add(300, 0)
+    assert syncs.upstream_position(120) is None
+
+
+def test_back_from_a_position_sync() -> None:
+    syncs = _syncs((0, 0), (249, 249))
+    syncs.add(251, 250, position=True)
+    assert syncs.upstream_position(250) == UpstreamPosition(251, exact=True)
+    # A record was copied at 250 after the position, which one is not known.
+    assert syncs.upstream_position(251) == UpstreamPosition(251, exact=False)
