@@ -96,10 +96,12 @@ def translate_back(
     """Replace the report's rows of returning topics by their translation through the back
     flow's offset syncs (the module's contract). `syncs` None: they could not be read."""
     name = back.flow.name
+    back_to: dict[str, str] = {}
     for i, row in enumerate(report.rows):
         original = returning.get(row.source_topic)
         if original is None or row.committed_on_source is None:
             continue
+        back_to[row.source_topic] = original
         offset = row.committed_on_source
         where = f"{row.source_topic}-{row.partition} offset {offset} on {report.source}"
         if syncs is None:
@@ -139,6 +141,11 @@ def translate_back(
                 f"{found.upstream} is at or before it: records would be read again"
             ),
         )
+    report.notes += [
+        f"{remote} on {report.source} goes back to {original} on {report.target}, "
+        f"translated through the offset syncs of {name} (no checkpoint is written for it)"
+        for remote, original in sorted(back_to.items())
+    ]
 
 
 def divergent_tail(

@@ -67,6 +67,10 @@ def test_positions_on_a_returning_topic_go_back_exact_where_the_syncs_prove_it()
     ]
     assert report.rows[2].reason is not None and "not proven" in report.rows[2].reason
     assert not report.exact
+    assert report.notes[-1] == (
+        "A.orders on B goes back to orders on A, translated through the offset syncs of A->B "
+        "(no checkpoint is written for it)"
+    )
 
 
 def test_without_syncs_a_returning_position_is_untranslated_and_says_why() -> None:
