@@ -40,7 +40,7 @@ from tests.integration.test_failover import (
     read_rest_on_b,
     score,
 )
-from tests.kafka_helpers import create_topic, produce, read_all, wait_until
+from tests.kafka_helpers import commit_offsets, create_topic, produce, read_all, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -60,6 +60,15 @@ def _committed_on_b(b: LocalCluster, group: str, remote: str) -> list[int]:
     try:
         found = consumer.committed([TopicPartition(remote, p) for p in (0, 1)], timeout=30)
         return [tp.offset for tp in found]
+    finally:
+        consumer.close()
+
+
+def _committed(cluster: LocalCluster, group: str, topic: str, partition: int = 0) -> int:
+    consumer = clients.consumer(cluster.client_properties(), {"group.id": group})
+    try:
+        (found,) = consumer.committed([TopicPartition(topic, partition)], timeout=30)
+        return int(found.offset)
     finally:
         consumer.close()
 
@@ -271,8 +280,25 @@ def test_failback_after_a_disaster_is_exact_and_lists_the_divergent_tail(
     assert json.loads(listed.stdout)["diverged"] == [
         {"topic": topic, "partition": 0, "records": 120, "first_offset": 300, "last_offset": 419}
     ]
+    # A group on B past the copy's end: the syncs cannot prove where it is on A.
+    ahead = f"{prefix}-ahead"
+    commit_offsets(b, ahead, {(remote, 0): 350})
     with mm2py_daemon(back):
-        moved = _failover(back, prefix, "--planned", source="B", target="A")
+        refused = _failover(
+            back, prefix, "--groups", ahead, "--timeout", "5", source="B", target="A"
+        )
+        moved = _failover(back, prefix, "--groups", group, source="B", target="A")
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    unproven = json.loads(refused.stdout)
+    ((row,),) = [g["rows"] for g in unproven["groups"]]
+    assert (row["topic"], row["status"], row["downstream_offset"]) == (
+        topic,
+        "not exact yet",
+        300,  # one past the last record the syncs prove copied: at or before, not claimed
+    )
+    # (B->A may still be copying B's heartbeats: that can be missing too, in 5 s.)
+    assert f"group(s) not proven exact yet: {ahead}" in unproven["missing"]
+    assert _committed(a, ahead, topic) == -1001  # nothing committed on A
     assert moved.returncode == 0, moved.stdout + moved.stderr
     result = json.loads(moved.stdout)
     ((row,),) = [g["rows"] for g in result["groups"]]
