@@ -55,7 +55,8 @@ def add_parser(sub: Subparsers) -> None:
         "--groups",
         default=None,
         metavar="REGEX",
-        help="only the flow's checkpointed groups whose name matches in full (default: all)",
+        help="only the flow's checkpointed groups (failing back, also the groups on the source's "
+        "copies of the target's topics) whose name matches in full (default: all)",
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
