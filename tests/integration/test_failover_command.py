@@ -273,6 +273,10 @@ def test_failback_after_a_disaster_is_exact_and_lists_the_divergent_tail(
     assert on_b == [str(n).encode() for n in range(100, 200)]
     # What B really got: A's records 0..299, so A's 300..419 are the divergent tail.
     assert sorted(int(r.value) for r in read_all(b, remote)) == list(range(300))
+    # Producers wrote to B's own topic of the same name meanwhile; the group read part of it.
+    create_topic(b, topic)
+    produce(b, topic, numbered(0, 50))
+    on_b_own, _ = consume_and_commit(b, topic, group, count=30)
 
     back = _failback_config(tmp_path, a, b, prefix, mode)
     listed = _failover(back, prefix, "--diverged", source="B", target="A")
@@ -301,12 +305,23 @@ def test_failback_after_a_disaster_is_exact_and_lists_the_divergent_tail(
     assert _committed(a, ahead, topic) == -1001  # nothing committed on A
     assert moved.returncode == 0, moved.stdout + moved.stderr
     result = json.loads(moved.stdout)
-    ((row,),) = [g["rows"] for g in result["groups"]]
-    assert (row["topic"], row["source_topic"], row["status"]) == (topic, remote, "ok")
-    assert (row["upstream_offset"], row["downstream_offset"]) == (200, 200)
-    assert [(g["group"], g["applied"]) for g in result["groups"]] == [(group, 1)]
+    ((copied, home),) = [g["rows"] for g in result["groups"]]  # by topic: B.<topic> first
+    # B's own topic goes to its copy on A by B->A's checkpoint; A's back to A's own topic.
+    assert (copied["topic"], copied["source_topic"], copied["status"]) == (
+        f"B.{topic}",
+        topic,
+        "ok",
+    )
+    assert copied["upstream_offset"] == 30
+    assert (home["topic"], home["source_topic"], home["status"]) == (topic, remote, "ok")
+    assert (home["upstream_offset"], home["downstream_offset"]) == (200, 200)
+    assert [(g["group"], g["applied"]) for g in result["groups"]] == [(group, 2)]
     # On A again: the group reads what it read neither on A nor on B, the tail included.
     valid = {str(n).encode() for n in range(420)}
     rest = read_rest_on_b(a, topic, group, valid - set(on_a) - set(on_b))
     out = score("failback", on_a + on_b, valid, rest)
     assert (out.duplicates, out.gaps, out.read_on_b) == (0, 0, 220), out.line()
+    valid = {str(n).encode() for n in range(50)}
+    rest = read_rest_on_b(a, f"B.{topic}", group, valid - set(on_b_own))
+    out = score("failback, B's own topic", on_b_own, valid, rest)
+    assert (out.duplicates, out.gaps, out.read_on_b) == (0, 0, 20), out.line()
