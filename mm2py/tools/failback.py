@@ -15,8 +15,9 @@ committed offset on B itself, through the offset syncs of A->B read the other wa
 - a partition is ``ok`` only when the syncs prove the position exact; otherwise it is
   ``not exact yet`` with a position at or before the group's (records read again, none
   skipped), or ``untranslated`` when no sync covers it. The rows take the place of the
-  ``untranslated`` rows `tools.translate` gives such partitions, so a failback is all or
-  nothing, like a failover.
+  ``untranslated`` rows `tools.translate` gives such partitions (or of a checkpoint another
+  writer left for them: the syncs decide), so a failback is all or nothing, like a
+  failover.
 
 The divergent tail (``--diverged``): the records A took in, in its own topics that A->B
 copies (heartbeats left out: they are the replicator's own), after the last record copied
@@ -108,6 +109,7 @@ def translate_back(
             report.rows[i] = replace(
                 row,
                 topic=original,
+                checkpoint_age_seconds=None,  # not from a checkpoint
                 status=UNTRANSLATED,
                 upstream_offset=offset,
                 reason=f"the offset syncs of {name} could not be read "
@@ -119,6 +121,7 @@ def translate_back(
             report.rows[i] = replace(
                 row,
                 topic=original,
+                checkpoint_age_seconds=None,  # not from a checkpoint
                 status=UNTRANSLATED,
                 upstream_offset=offset,
                 reason=f"no offset sync of {name} covers {where} (the syncs topic was emptied "
@@ -129,6 +132,7 @@ def translate_back(
         report.rows[i] = replace(
             row,
             topic=original,
+            checkpoint_age_seconds=None,
             status=OK if found.exact else NOT_EXACT,
             upstream_offset=offset,
             downstream_offset=found.upstream,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mm2py.compat.formats import OffsetSync
+from mm2py.compat.formats import Checkpoint, OffsetSync
 from mm2py.compat.offsets import OffsetSyncStore
 from mm2py.config import FlowConfig
 from mm2py.config.models import FlowSettings
@@ -119,3 +119,20 @@ def test_the_divergent_tail_as_text_and_json() -> None:
         "first_offset": 300,
         "last_offset": 419,
     }
+
+
+def test_a_checkpoint_of_a_returning_topic_is_decided_by_the_syncs() -> None:
+    # A checkpoint for A.orders -> orders that some other writer left, at a wrong offset.
+    checkpoint = Checkpoint("g", "orders", 0, 150, 120, "meta")
+    report = build_report(
+        _rules("B", "A"),
+        "g",
+        {("orders", 0): (checkpoint, NOW_MS - 5000)},
+        NOW_MS,
+        SourceView({("A.orders", 0): 150}, OffsetSyncStore()),
+    )
+    assert report.rows[0].checkpoint_age_seconds == 5.0
+    syncs = _syncs(("orders", 0, 0, 0), ("orders", 0, 199, 199))
+    translate_back(report, _rules("A", "B"), {"A.orders": "orders"}, syncs)
+    (row,) = report.rows
+    assert (row.status, row.downstream_offset, row.checkpoint_age_seconds) == (OK, 150, None)
