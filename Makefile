@@ -28,6 +28,7 @@ lint: install
 	$(BIN)/ruff check mm2py tests $(wildcard bench)
 	$(BIN)/ruff format --check mm2py tests $(wildcard bench)
 	$(BIN)/mypy --strict mm2py
+	$(BIN)/lint-imports --no-cache
 
 unit: install prometheus
 	$(BIN)/pytest -q tests/unit
