@@ -134,14 +134,14 @@ def run_backfill(
         )
     remote_of = {t: rules.remote_topic(t) for t in topics}
     _ensure_remote_topics(flow, rules, source_admin, target_admin, topics, remote_of)
-    syncs_cluster = source if rules.offset_syncs_on_source else target
+    syncs_cluster = rules.offset_syncs_holder(source, target)
     syncs_topic = None
     try:
         if rules.settings.emit_offset_syncs_enabled:
             syncs_topic = rules.offset_syncs_topic
             ensure_offset_syncs_topic(
                 rules,
-                source_admin if rules.offset_syncs_on_source else target_admin,
+                rules.offset_syncs_holder(source_admin, target_admin),
                 syncs_cluster.alias,
             )
         store = ProgressStore(

@@ -42,7 +42,7 @@ from mm2py.runtime.assignment import (
     tasks_topic,
 )
 from mm2py.runtime.metrics import Metrics
-from mm2py.runtime.part import Part
+from mm2py.runtime.part import STOP_TIMEOUT, Part
 
 log = logging.getLogger(__name__)
 
@@ -130,10 +130,10 @@ class MemberPart(Part):
     def pause(self) -> None:
         self.paused = True
 
-    def resume(self, timeout: float = 9.0) -> None:
+    def resume(self, timeout: float = STOP_TIMEOUT) -> None:
         self.paused = False
 
-    def restart(self, timeout: float = 9.0) -> None:
+    def restart(self, timeout: float = STOP_TIMEOUT) -> None:
         if not self.running:
             self.start()
 

@@ -46,7 +46,7 @@ from mm2py.replication.stats import (
 )
 from mm2py.runtime.assignment import TaskSlot
 from mm2py.runtime.metrics import Metrics
-from mm2py.runtime.part import FlowPart, freeze_start_up
+from mm2py.runtime.part import STOP_TIMEOUT, FlowPart, freeze_start_up
 from mm2py.runtime.reachability import Reachability
 
 log = logging.getLogger(__name__)
@@ -113,11 +113,11 @@ class TaskPart(FlowPart):
                 return
             time.sleep(0.02)
 
-    def resume(self, timeout: float = 9.0) -> None:
+    def resume(self, timeout: float = STOP_TIMEOUT) -> None:
         self.paused = False
         self._send("pause", False)
 
-    def restart(self, timeout: float = 9.0) -> None:
+    def restart(self, timeout: float = STOP_TIMEOUT) -> None:
         """Restart the task's copy loop in its process (a new process if it has none)."""
         report = self.report
         if not self.running or report is None:
@@ -454,7 +454,7 @@ def task_main(
                 try:
                     command, arg = conn.recv()
                 except EOFError:  # the node is gone
-                    part.stop(9.0)
+                    part.stop(STOP_TIMEOUT)
                     return
                 if command == "pause":
                     part.pause() if arg else part.resume()
@@ -462,8 +462,8 @@ def task_main(
                     part.restart(9.0)
                     restarts += 1
                 elif command == "stop":
-                    part.stop(9.0)
+                    part.stop(STOP_TIMEOUT)
             report()
         report(final=True)
     except (BrokenPipeError, EOFError, OSError):
-        part.stop(9.0)
+        part.stop(STOP_TIMEOUT)

@@ -3,9 +3,13 @@ and the name of the group a flow's nodes form (`group_id`)."""
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from mm2py.compat.filters import GroupFilter, TopicFilter
 from mm2py.compat.policy import ReplicationPolicy, policy_from_name, should_replicate_topic
 from mm2py.config.models import FlowConfig, FlowSettings
+
+T = TypeVar("T")
 
 
 def group_id(prefix: str, source: str, target: str) -> str:
@@ -42,9 +46,11 @@ class FlowRules:
             remote = self._remote[topic] = self.policy.format_remote_topic(self.flow.source, topic)
         return remote
 
-    @property
-    def offset_syncs_on_source(self) -> bool:
-        return self.settings.offset_syncs_topic_location == "source"
+    def offset_syncs_holder(self, source: T, target: T) -> T:
+        """Of the flow's source and target (their aliases, configs or clients), the one whose
+        cluster holds the offset syncs (``offset-syncs.topic.location``): the one place
+        that decides it."""
+        return source if self.settings.offset_syncs_topic_location == "source" else target
 
     @property
     def offset_syncs_topic(self) -> str:

@@ -46,7 +46,7 @@ from mm2py.parts.heartbeat import HeartbeatPart
 from mm2py.parts.sync import SyncPart
 from mm2py.runtime.assignment import TaskSlot
 from mm2py.runtime.metrics import Metrics
-from mm2py.runtime.part import Part, freeze_start_up
+from mm2py.runtime.part import STOP_TIMEOUT, Part, freeze_start_up
 from mm2py.runtime.reachability import ClusterProbe, Reachability, ReachabilityCollector
 from mm2py.runtime.status import (
     FlowStatus,
@@ -62,7 +62,6 @@ log = logging.getLogger(__name__)
 
 SUPERVISE_INTERVAL = 0.5
 MAX_BACKOFF = 60.0
-STOP_TIMEOUT = 9.0
 
 
 class ListenError(Mm2pyError):

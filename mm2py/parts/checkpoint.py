@@ -245,7 +245,7 @@ class CheckpointPart(FlowPart):
             self.store.add(cp)
         self._syncs_ready = False
         self._told_no_syncs = False
-        syncs_cluster = self.source if self.rules.offset_syncs_on_source else self.target
+        syncs_cluster = self.rules.offset_syncs_holder(self.source, self.target)
         self._producer = clients.producer(self.target.librdkafka("producer"), CHECKPOINT_PRODUCER)
         self._sync_tail = OffsetSyncTail(
             syncs_cluster.librdkafka("consumer"), syncs_cluster.alias, self.rules.offset_syncs_topic

@@ -52,7 +52,7 @@ from mm2py.replication.schemas import SchemaTranslator, translator_for
 from mm2py.replication.stats import ReplicationStats, SchemaStats
 from mm2py.runtime.assignment import WHOLE_FLOW, TaskSlot, task_counts
 from mm2py.runtime.metrics import Metrics
-from mm2py.runtime.part import FlowPart
+from mm2py.runtime.part import STOP_TIMEOUT, FlowPart
 from mm2py.runtime.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -140,10 +140,10 @@ class SourcePart(FlowPart):
         loop = self._loop
         return loop is not None and loop.paused
 
-    def resume(self, timeout: float = 9.0) -> None:
+    def resume(self, timeout: float = STOP_TIMEOUT) -> None:
         self.paused = False
 
-    def restart(self, timeout: float = 9.0) -> None:
+    def restart(self, timeout: float = STOP_TIMEOUT) -> None:
         """Stop and start again; a paused part starts paused."""
         self.stop(timeout)
         self.start()
@@ -365,8 +365,8 @@ class SourcePart(FlowPart):
         rules = self.rules
         if not rules.settings.emit_offset_syncs_enabled:
             return None
-        cluster = self.source if rules.offset_syncs_on_source else self.target
-        admin = source_admin if rules.offset_syncs_on_source else target_admin
+        cluster = rules.offset_syncs_holder(self.source, self.target)
+        admin = rules.offset_syncs_holder(source_admin, target_admin)
         ensure_offset_syncs_topic(rules, admin, cluster.alias)
         producer = clients.producer(cluster.librdkafka("producer"), {"linger.ms": 50})
         return OffsetSyncWriter(producer, rules.offset_syncs_topic)

@@ -18,6 +18,9 @@ from mm2py.runtime.reachability import UNREACHABLE_ERRORS, Reachability
 
 log = logging.getLogger(__name__)
 
+# How long stopping a part (its thread winding down) may take before the caller goes on.
+STOP_TIMEOUT = 9.0
+
 
 def freeze_start_up() -> None:
     """Keep what start-up made (modules, config, FastAPI's app) out of the collector.
@@ -84,7 +87,7 @@ class Part(ABC):
         )
         self._thread.start()
 
-    def stop(self, timeout: float = 9.0) -> None:
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         self.stopping.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -94,14 +97,14 @@ class Part(ABC):
         self.paused = True
         self.stopping.set()
 
-    def resume(self, timeout: float = 9.0) -> None:
+    def resume(self, timeout: float = STOP_TIMEOUT) -> None:
         """Work again after `pause()`."""
         self.paused = False
         if self.stopping.is_set():
             self.stop(timeout)
             self.start()
 
-    def restart(self, timeout: float = 9.0) -> None:
+    def restart(self, timeout: float = STOP_TIMEOUT) -> None:
         """Stop and start again (a paused part stays paused)."""
         self.stop(timeout)
         if not self.paused:

@@ -191,7 +191,7 @@ def read_back_syncs(
 ) -> tuple[OffsetSyncStore | None, str | None]:
     """The back flow's offset syncs, or None and why not."""
     flow = back.flow
-    holder = config.cluster(flow.source if back.offset_syncs_on_source else flow.target)
+    holder = config.cluster(back.offset_syncs_holder(flow.source, flow.target))
     try:
         syncs = read_offset_syncs(
             holder.librdkafka("consumer"), holder.alias, back.offset_syncs_topic

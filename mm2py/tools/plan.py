@@ -199,7 +199,7 @@ def internal_topics(
             f"{flow.name}: progress (MM2's offsets topic)",
         )
         if s.emit_offset_syncs_enabled:
-            where = flow.source if rules.offset_syncs_on_source else flow.target
+            where = rules.offset_syncs_holder(flow.source, flow.target)
             rf = s.offset_syncs_topic_replication_factor
             add(where, rules.offset_syncs_topic, 1, rf, f"{flow.name}: offset syncs")
         if s.period("emit.checkpoints") is not None:

@@ -450,7 +450,7 @@ def _read_source(
     syncs_problem = None
     # The syncs confirm checkpoints and explain missing ones.
     if committed:
-        holder = source if rules.offset_syncs_on_source else config.cluster(flow.target)
+        holder = rules.offset_syncs_holder(source, config.cluster(flow.target))
         try:
             syncs = read_offset_syncs(
                 holder.librdkafka("consumer"), holder.alias, rules.offset_syncs_topic

@@ -183,7 +183,7 @@ class Verifier:
 
     def _offset_syncs(self) -> OffsetSyncStore | None:
         if not self._syncs_read:
-            cluster = self.source if self.rules.offset_syncs_on_source else self.target
+            cluster = self.rules.offset_syncs_holder(self.source, self.target)
             try:
                 self._syncs = read_offset_syncs(
                     cluster.librdkafka("consumer"), cluster.alias, self.rules.offset_syncs_topic
