@@ -27,50 +27,23 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any
 
 import uvicorn
 from fastapi import FastAPI, Header, Path
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from mm2py import __version__
 from mm2py.cluster.view import FlowCluster
-from mm2py.config import MirrorConfig
 from mm2py.daemon import connect_api
+from mm2py.daemon.control import FlowControl
 from mm2py.runtime.metrics import exposition
 from mm2py.runtime.status import FlowStatus, Health, Problem, resolve_flow
 
 log = logging.getLogger(__name__)
 
 SERVER_STOP_TIMEOUT = 5.0
-
-
-class FlowControl(Protocol):
-    """What the API needs from the daemon (implemented by `mm2py.daemon.supervisor.Daemon`)."""
-
-    @property
-    def registry(self) -> CollectorRegistry: ...
-
-    @property
-    def config(self) -> MirrorConfig: ...
-
-    @property
-    def listen(self) -> str: ...
-
-    def flow_names(self) -> list[str]: ...
-
-    def flow_status(self, name: str) -> FlowStatus: ...
-
-    def pause_flow(self, name: str) -> None: ...
-
-    def resume_flow(self, name: str) -> None: ...
-
-    def restart_flow(self, name: str) -> None: ...
-
-    def health(self) -> Health: ...
-
-    def cluster_status(self) -> list[FlowCluster]: ...
 
 
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {

@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from http import HTTPStatus
 from pathlib import Path as FilePath
-from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 from fastapi import APIRouter, FastAPI, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -54,17 +54,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
 
 from mm2py import __version__
-from mm2py.compat.formats import SOURCE_CONNECTOR_NAME, SourceProgressKey, decode_progress_value
 from mm2py.config import ClusterConfig, FlowConfig, MirrorConfig
 from mm2py.config.models import WORKER_KEYS, is_secret_key
 from mm2py.config.rules import FlowRules
+from mm2py.daemon.control import FlowControl
 from mm2py.kafka import clients
 from mm2py.kafka.internal_topics import load_checkpoints
-from mm2py.kafka.reader import ReaderError, TopicReader
-from mm2py.runtime.status import FlowStatus, PartStatus, resolve_flow
-
-if TYPE_CHECKING:
-    from mm2py.daemon.api import FlowControl
+from mm2py.kafka.reader import ReaderError
+from mm2py.replication.progress import read_recorded
+from mm2py.runtime.status import FlowStatus, PartStatus, Problem, resolve_flow
 
 log = logging.getLogger(__name__)
 
@@ -110,13 +108,6 @@ class ServerInfo(BaseModel):
         description="the cluster ID of the first flow's target cluster (a Connect worker's "
         "own cluster); null while that cluster does not answer"
     )
-
-
-class ConnectError(BaseModel):
-    """Connect's error body."""
-
-    error_code: int
-    message: str
 
 
 class InstanceState(BaseModel):
@@ -598,25 +589,7 @@ def read_progress(
 ) -> dict[tuple[str, int], int]:
     """The last copied offset of each source partition of `flow`, read from its progress
     topic (mm2py.replication.progress) on the target; empty when there is none yet."""
-    found: dict[tuple[str, int], int] = {}
-
-    def on_record(msg: Any) -> None:
-        try:
-            key = SourceProgressKey.decode(msg.key())
-        except ValueError:
-            return  # other connectors' offsets share the topic
-        if key.connector != SOURCE_CONNECTOR_NAME or key.cluster != flow.source:
-            return
-        offset = decode_progress_value(msg.value())
-        if offset is None:
-            found.pop((key.topic, key.partition), None)
-        else:
-            found[(key.topic, key.partition)] = offset
-
-    with TopicReader(target_props, flow.target) as reader:
-        if reader.add_topic(flow.offsets_topic, timeout=timeout):
-            reader.read_to_end(on_record, timeout)
-    return found
+    return read_recorded(target_props, flow.target, flow.source, flow.offsets_topic, timeout)
 
 
 def ask_cluster_id(cluster: ClusterConfig) -> str | None:
@@ -633,7 +606,7 @@ def ask_cluster_id(cluster: ClusterConfig) -> str | None:
 
 # -- the endpoints ------------------------------------------------------------------------
 
-_ERROR = {"model": ConnectError}
+_ERROR = {"model": Problem}
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {**_ERROR, "description": "no such connector"}}
 _CONFLICT: dict[int | str, dict[str, Any]] = {
     409: {**_ERROR, "description": "mm2py's connectors come from its config file"}
@@ -747,12 +720,12 @@ def mount(app: FastAPI, control: "FlowControl") -> None:
     @router.post(
         "/connectors",
         status_code=409,
-        response_model=ConnectError,
+        response_model=Problem,
         responses={400: {**_ERROR, "description": "the body is not JSON"}, **_CONFLICT},
         openapi_extra=_JSON_OBJECT,
         summary="refused (409): the config file defines the connectors",
     )
-    async def create_connector(request: Request) -> ConnectError:
+    async def create_connector(request: Request) -> Problem:
         body = await request.body()
         try:
             request_json = json.loads(body) if body.strip() else {}
@@ -798,7 +771,7 @@ def mount(app: FastAPI, control: "FlowControl") -> None:
     @router.put(
         "/connectors/{name}/config",
         status_code=409,
-        response_model=ConnectError,
+        response_model=Problem,
         responses=_CONFLICT,
         openapi_extra=_JSON_OBJECT,
         summary="refused (409): the config file defines the connectors",
@@ -809,7 +782,7 @@ def mount(app: FastAPI, control: "FlowControl") -> None:
     @router.patch(
         "/connectors/{name}/config",
         status_code=409,
-        response_model=ConnectError,
+        response_model=Problem,
         responses={**_NOT_FOUND, **_CONFLICT},
         openapi_extra=_JSON_OBJECT,
         summary="refused (409): the config file defines the connectors",
@@ -820,7 +793,7 @@ def mount(app: FastAPI, control: "FlowControl") -> None:
     @router.delete(
         "/connectors/{name}",
         status_code=409,
-        response_model=ConnectError,
+        response_model=Problem,
         responses={**_NOT_FOUND, **_CONFLICT},
         summary="refused (409): the config file defines the connectors",
     )
@@ -830,7 +803,7 @@ def mount(app: FastAPI, control: "FlowControl") -> None:
     @router.put(
         "/connectors/{name}/stop",
         status_code=409,
-        response_model=ConnectError,
+        response_model=Problem,
         responses={**_NOT_FOUND, **_CONFLICT},
         summary="refused (409): mm2py's connectors run or are paused",
     )
@@ -923,7 +896,7 @@ def mount(app: FastAPI, control: "FlowControl") -> None:
     @router.patch(
         "/connectors/{name}/offsets",
         status_code=409,
-        response_model=ConnectError,
+        response_model=Problem,
         responses={**_NOT_FOUND, **_CONFLICT},
         openapi_extra=_JSON_OBJECT,
         summary="refused (409): offsets change only while a connector is STOPPED",
@@ -934,7 +907,7 @@ def mount(app: FastAPI, control: "FlowControl") -> None:
     @router.delete(
         "/connectors/{name}/offsets",
         status_code=409,
-        response_model=ConnectError,
+        response_model=Problem,
         responses={**_NOT_FOUND, **_CONFLICT},
         summary="refused (409): offsets change only while a connector is STOPPED",
     )

@@ -42,6 +42,56 @@ log = logging.getLogger(__name__)
 SourcePartition = tuple[str, int]
 
 
+def apply_record(
+    found: dict[SourcePartition, int],
+    source_alias: str,
+    key: bytes | None,
+    value: bytes | None,
+    ends: dict[SourcePartition, tuple[int, int]] | None = None,
+) -> None:
+    """Take one record of a progress topic into `found` (source partition -> last copied
+    offset, of `source_alias`'s partitions; a tombstone removes it), and a source end into
+    `ends` when given. Records of other connectors and clusters are left alone (pure)."""
+    try:
+        pkey = SourceProgressKey.decode(key)
+    except ValueError:
+        return  # other connectors (heartbeat, checkpoint) share the topic
+    if pkey.cluster != source_alias:
+        return
+    if pkey.connector == SOURCE_ENDS_NAME and ends is not None:
+        end = decode_source_end(value)
+        if end is not None:
+            ends[(pkey.topic, pkey.partition)] = end
+        return
+    if pkey.connector != SOURCE_CONNECTOR_NAME:
+        return
+    offset = decode_progress_value(value)
+    where = (pkey.topic, pkey.partition)
+    if offset is None:
+        found.pop(where, None)
+    else:
+        found[where] = offset
+
+
+def read_recorded(
+    target_props: Mapping[str, str],
+    target_alias: str,
+    source_alias: str,
+    topic: str,
+    timeout: float,
+) -> dict[SourcePartition, int]:
+    """The last copied offset of each of `source_alias`'s partitions recorded in progress
+    topic `topic`, read to its end; empty when the topic does not exist (nothing is
+    created: for readers such as the REST API)."""
+    found: dict[SourcePartition, int] = {}
+    with TopicReader(target_props, target_alias) as reader:
+        if reader.add_topic(topic, timeout=timeout):
+            reader.read_to_end(
+                lambda msg: apply_record(found, source_alias, msg.key(), msg.value()), timeout
+            )
+    return found
+
+
 class ProgressStore:
     """Reads and writes the last copied source offset of each source partition."""
 
@@ -119,37 +169,12 @@ class ProgressStore:
             else:
                 reader.add_topic(self.topic, self.partitions, timeout)
             reader.read_to_end(
-                lambda msg: self._apply(found, msg.key(), msg.value(), source_ends),
+                lambda msg: apply_record(
+                    found, self.source_alias, msg.key(), msg.value(), source_ends
+                ),
                 max(deadline - time.monotonic(), 0.0),
             )
         return found
-
-    def _apply(
-        self,
-        found: dict[SourcePartition, int],
-        key: bytes | None,
-        value: bytes | None,
-        ends: dict[SourcePartition, tuple[int, int]] | None = None,
-    ) -> None:
-        try:
-            pkey = SourceProgressKey.decode(key)
-        except ValueError:
-            return  # other connectors (heartbeat, checkpoint) share the topic
-        if pkey.cluster != self.source_alias:
-            return
-        if pkey.connector == SOURCE_ENDS_NAME and ends is not None:
-            end = decode_source_end(value)
-            if end is not None:
-                ends[(pkey.topic, pkey.partition)] = end
-            return
-        if pkey.connector != SOURCE_CONNECTOR_NAME:
-            return
-        offset = decode_progress_value(value)
-        where = (pkey.topic, pkey.partition)
-        if offset is None:
-            found.pop(where, None)
-        else:
-            found[where] = offset
 
     def submit(
         self,

@@ -110,7 +110,7 @@ class Version(BaseModel):
 
 
 class Problem(BaseModel):
-    """An error answer (unknown flow)."""
+    """An error answer, mm2py's and Kafka Connect's alike (``{"error_code", "message"}``)."""
 
     error_code: int
     message: str
