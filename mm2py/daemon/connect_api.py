@@ -454,8 +454,7 @@ class LocalWorker:
         standby = any(p.state == "STANDBY" for p in status.parts)
         if connector.kind != SOURCE and not standby:
             return local
-        cluster_of = getattr(self.control, "flow_cluster", None)
-        cluster = cluster_of(connector.flow.name) if cluster_of is not None else None
+        cluster = self.control.flow_cluster(connector.flow.name)
         if cluster is None or cluster.error is not None:
             return local
         if connector.kind != SOURCE:  # it runs on task 0's node, as that node is
@@ -487,8 +486,7 @@ class LocalWorker:
         for index, part in enumerate(parts):
             state, trace = task_state(part)
             # PartStatus.task and .partitions (remote topic partitions) come with tasks.
-            task_id = getattr(part, "task", None)
-            remote = getattr(part, "partitions", None)
+            task_id, remote = part.task, part.partitions
             partitions: tuple[str, ...] = ()
             groups: tuple[str, ...] = ()
             if connector.kind == SOURCE:
@@ -508,13 +506,8 @@ class LocalWorker:
         return out
 
     def _parts(self, flow: FlowConfig, kind: type[T]) -> list[T]:
-        """The daemon's parts of `flow` of a class (its `parts`: Supervised part holders)."""
-        found = []
-        for sup in getattr(self.control, "parts", ()):
-            part = getattr(sup, "part", None)
-            if isinstance(part, kind) and getattr(part, "flow", None) == flow:
-                found.append(part)
-        return found
+        """The parts of `flow` of a class that run on this node."""
+        return [p for p in self.control.flow_parts(flow.name) if isinstance(p, kind)]
 
     def _checkpointed_groups(self, flow: FlowConfig) -> tuple[str, ...]:
         from mm2py.parts.checkpoint import CheckpointPart

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from mm2py.cluster.view import FlowCluster
 from mm2py.config import MirrorConfig
+from mm2py.runtime.part import Part
 from mm2py.runtime.status import FlowStatus, Health
 
 
@@ -37,3 +38,9 @@ class FlowControl(Protocol):
     def health(self) -> Health: ...
 
     def cluster_status(self) -> list[FlowCluster]: ...
+
+    def flow_cluster(self, name: str) -> FlowCluster | None: ...
+
+    def flow_parts(self, name: str) -> list[Part]:
+        """The parts of flow `name` that run on this node."""
+        ...

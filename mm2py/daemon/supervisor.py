@@ -399,6 +399,9 @@ class Daemon:
     def health(self) -> Health:
         return health(self.flow_status(name) for name in self.flow_names())
 
+    def flow_parts(self, name: str) -> list[Part]:
+        return [sup.part for sup in list(self.parts) if sup.part.flow.name == name]
+
     def flow_cluster(self, name: str) -> FlowCluster | None:
         """One flow's cluster (None: no member here, or its group cannot be described)."""
         for member in self._member_parts():

@@ -208,6 +208,12 @@ class StandIn:
     def cluster_status(self) -> list[Any]:
         return []
 
+    def flow_cluster(self, name: str) -> None:
+        return None  # no cluster of nodes: the API shows this node's tasks
+
+    def flow_parts(self, name: str) -> list[Any]:
+        return []  # statuses only
+
 
 @pytest.fixture
 def stand_in(config: MirrorConfig) -> StandIn:
