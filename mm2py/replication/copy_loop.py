@@ -36,15 +36,13 @@ record's place (mm2py.compat.offsets), another writer's record being there.
 
 Records the source deleted before they were copied (retention, truncation,
 `delete_records`) make the consumer reset to the log start offset; the loop counts
-and logs them (`PartitionStats.skipped`): the first record of a partition after its
-assignment, and the records of a partition whose log start passed what was read,
-are compared with the offset expected next. Offsets also jump over transaction
-markers and aborted records (read_committed), which the log start offset tells
-apart: only offsets below it were deleted. While copying, librdkafka's "offset reset"
-log line (`OffsetResetLog`, served on the loop's thread before the records fetched
-after the reset) names the position it reset from; the first record at or after it
-tells where the gap ends. Should that line change, a partition is also watched once
-`update_lag` sees its log start pass what was read.
+and logs them (`PartitionStats.skipped`) where its `DeletedRecordWatch`
+(mm2py.replication.deleted_records) reports a jump that may hold them: offsets also
+jump over transaction markers and aborted records (read_committed), which the log
+start offset tells apart (only offsets below it were deleted). librdkafka's "offset
+reset" log line (`OffsetResetLog`, served on the loop's thread before the records
+fetched after the reset) starts a watch; should that line change, a partition is also
+watched once `update_lag` sees its log start pass what was read.
 
 The producer batches for its linger.ms while the loop is behind; with
 `send_when_caught_up`, a batch short of BATCH_SIZE (the loop read all the source had)
@@ -92,6 +90,7 @@ from mm2py.compat.schema_framing import HEADER_SIZE
 from mm2py.kafka.consume import consume_batch
 from mm2py.kafka.produce import produce_when_room
 from mm2py.logs import partition_fields
+from mm2py.replication.deleted_records import DeletedRecordWatch
 from mm2py.replication.offset_syncs import OffsetSyncWriter, SyncRule
 from mm2py.replication.progress import ProgressStore, SourcePartition
 from mm2py.replication.schemas import RegistryUnavailable, SchemaTranslator, UnresolvedSchema
@@ -129,9 +128,8 @@ ROOM_AT_STOP = 1.0
 COMMIT_TIMEOUT = 60.0
 # Show at most this many partitions in an INFO line; the whole list goes to DEBUG.
 LOGGED_PARTITIONS = 20
-# The `until` of a partition watched after librdkafka reset its position: its first
-# record at or after that position tells where the reset took it.
-AFTER_RESET = 2**62
+# `PartitionState.failed_at` of a partition nothing failed in.
+NOT_FAILED = 2**62
 # A run's record count while records are still being added to it.
 OPEN_RUN = 2**62
 # librdkafka's line (facility OFFSET) when it resets a partition's position, e.g.
@@ -205,7 +203,7 @@ class PartitionState:
     # The first source offset not known to be copied: one the target rejected, or the
     # first one after a run's first record when the run was not proven. Nothing from
     # there counts as acknowledged.
-    failed_at: int = AFTER_RESET
+    failed_at: int = NOT_FAILED
     careful: bool = False  # a delivery report for every record (see the module doc)
     # Where the consumer was sent anew for this partition (a copy again, an assignment
     # after its topic was created again): until a record at or past it is read, the
@@ -337,9 +335,8 @@ class CopyLoop:
         # Set (from any thread) when the loop must end so that the part restarts.
         self.restart_reason: str | None = None
         self.paused = False
-        # Partitions whose next records are compared with the offset expected next:
-        # (expected, watch until a record at or after this offset was read).
-        self._watched: dict[SourcePartition, tuple[int, int]] = {}
+        # Records the source deleted before they were copied (see `deleted_records`).
+        self.deletions = DeletedRecordWatch(self._deleted_before_copy)
         self._starts: dict[SourcePartition, int] = {}  # where each partition was assigned
         self._txn = transactions
         self._failed = failed if failed is not None else {}
@@ -399,7 +396,7 @@ class CopyLoop:
                 start = earliest.get((p.topic, p.partition), OFFSET_BEGINNING)
             new.append(TopicPartition(p.topic, p.partition, start))
             if start >= 0:
-                self._watched[(p.topic, p.partition)] = (start, start + 1)
+                self.deletions.start((p.topic, p.partition), start)
                 self._starts[(p.topic, p.partition)] = start
         self.consumer.incremental_assign(new)
         if self.paused:
@@ -445,7 +442,7 @@ class CopyLoop:
             if state is not None and not state.gone:
                 state.gone = True
                 state.stats.lag = 0
-                self._watched.pop(where, None)
+                self.deletions.forget(where)
                 tps.append(TopicPartition(*where))
         if not tps:
             return []
@@ -519,12 +516,12 @@ class CopyLoop:
             self.producer.begin_transaction()
             self._txn_open = True
             self._txn_due = time.monotonic() + self._txn.interval
-        if self._watched:
-            self._check_skipped(msgs)
+        if self.deletions:
+            self.deletions.check(msgs)
         wall = time.time()
         self.stats.roll(wall)  # MM2's metric windows, when enabled: once a batch
         for state, first, end in self._runs(msgs):
-            if state.failed_at != AFTER_RESET:
+            if state.failed_at != NOT_FAILED:
                 continue  # stopped, or an earlier run of it in this batch was not proven
             if not self._copy_run(msgs, first, end, state, wall, give_up):
                 return False
@@ -756,36 +753,6 @@ class CopyLoop:
             run.ts_last = ts
         run.close(produced)
 
-    def _check_skipped(self, msgs: Sequence[Any]) -> None:
-        """Count and log the records a watched partition's offsets jumped over because
-        the source deleted them."""
-        watched = self._watched
-        for msg in msgs:
-            where = (msg.topic(), msg.partition())
-            watch = watched.get(where)
-            if watch is None or msg.error() is not None:
-                continue
-            expected, until = watch
-            offset = msg.offset()
-            if until == AFTER_RESET:
-                if offset < expected:
-                    continue  # fetched before the reset
-                if offset > expected:
-                    self._deleted_before_copy(where, expected, offset)
-                del watched[where]
-                continue
-            if offset < expected:
-                del watched[where]  # gone back: its topic was created anew
-                continue
-            # Below `until` (the log start when it was watched; its start offset + 1) a
-            # record was fetched before the deletion: a jump there is a transaction marker.
-            if offset > expected and offset >= until:
-                self._deleted_before_copy(where, expected, offset)
-            if offset + 1 >= until:
-                del watched[where]
-            else:
-                watched[where] = (offset + 1, until)
-
     def _deleted_before_copy(self, where: SourcePartition, expected: int, offset: int) -> bool:
         """The partition's records from `expected` were not read, `offset` was: those
         below its log start offset were deleted (counted and logged: True); the others
@@ -837,10 +804,7 @@ class CopyLoop:
         state = self.by_source.get(where)
         if state is None or state.gone or state.failure is not None:
             return
-        watch = self._watched.get(where)
-        if watch is not None and watch[1] == watch[0] + 1 and watch[0] == position:
-            return  # at its start: the assignment's check is the same
-        self._watched[where] = (position, AFTER_RESET)
+        self.deletions.reset(where, position)
 
     def _last_read(self, state: PartitionState) -> int | None:
         """The last offset the loop took of a partition; before any, the one before its
@@ -1192,7 +1156,7 @@ class CopyLoop:
             if (
                 state.acked_downstream >= 0  # copied since this loop started
                 and copied == state.acked >= state.read >= state.sought
-                and state.failed_at == AFTER_RESET
+                and state.failed_at == NOT_FAILED
                 and state.failure is None
                 and not state.gone
             ):
@@ -1219,7 +1183,7 @@ class CopyLoop:
         # A paused partition is not fetched, so its cached end offset would stand still.
         cached = not self.paused
         watermarks = self.consumer.get_watermark_offsets
-        watched = self._watched
+        deletions = self.deletions
         ending = []
         for state in self.by_source.values():
             if state.gone:
@@ -1228,13 +1192,13 @@ class CopyLoop:
                 low, high = watermarks(state.source_tp, timeout=1, cached=cached)
             except KafkaException:
                 continue
-            # `_watch_behind` acts only on a partition watched already or whose log start
-            # passed the last offset read (before any: its start, at least 0); this pass
-            # runs for every partition each second, so the others skip the call.
-            if low > max(state.read, state.acked) + 1 or (
-                watched and (state.topic, state.partition) in watched
-            ):
-                self._watch_behind(state, low, high)
+            # `behind` acts only on a partition watched already or whose log start passed
+            # the last offset read (before any: its start, at least 0); this pass runs for
+            # every partition each second, so the others skip the call.
+            where = (state.topic, state.partition)
+            if low > max(state.read, state.acked) + 1 or (deletions and where in deletions):
+                stopped = state.failure is not None
+                deletions.behind(where, low, high, self._last_read(state), stopped)
             if high < 0:
                 continue
             nxt = state.acked + 1 if state.acked >= 0 else low
@@ -1243,26 +1207,6 @@ class CopyLoop:
                 ending.append(state)
         if ending:
             self._sync_positions(ending)
-
-    def _watch_behind(self, state: PartitionState, low: int, high: int) -> None:
-        """Watch a partition whose log start offset passed the records read so far: the
-        consumer will reset to it unless it fetched them already."""
-        where = (state.topic, state.partition)
-        watch = self._watched.get(where)
-        if watch is not None:
-            expected, until = watch
-            # Watched since its assignment or a reset, with nothing to read: nothing was
-            # lost, and a later deletion is watched for anew. Batches need no check
-            # meanwhile.
-            fresh = until in (expected + 1, AFTER_RESET)
-            if fresh and low <= expected and 0 <= high <= expected:
-                del self._watched[where]
-            return
-        if state.failure is not None:
-            return
-        last_read = self._last_read(state)
-        if last_read is not None and low > last_read + 1:
-            self._watched[where] = (last_read + 1, low)
 
     def finish(self, deadline: float) -> None:
         """Flush what is in flight and record progress, by `deadline` (monotonic).

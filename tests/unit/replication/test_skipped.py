@@ -15,7 +15,8 @@ import pytest
 from confluent_kafka import TopicPartition
 from prometheus_client import generate_latest
 
-from mm2py.replication.copy_loop import AFTER_RESET, CopyLoop, NewPartition, OffsetResetLog
+from mm2py.replication.copy_loop import CopyLoop, NewPartition, OffsetResetLog
+from mm2py.replication.deleted_records import UNTIL_FOUND
 from mm2py.replication.offset_syncs import OffsetSyncWriter
 from mm2py.replication.stats import ReplicationStats
 from mm2py.runtime.metrics import Metrics
@@ -114,11 +115,11 @@ def test_a_marker_at_the_new_log_start_is_not_counted() -> None:
 def test_a_partition_is_checked_once_after_assignment_then_not_per_record() -> None:
     loop = _loop(stored={("t", 0): 19, ("t", 1): 4})
     loop.assign([NewPartition("t", 0, "A.t"), NewPartition("t", 1, "A.t")], {})
-    assert loop._watched == {("t", 0): (20, 21), ("t", 1): (5, 6)}
+    assert loop.deletions.watched == {("t", 0): (20, 21), ("t", 1): (5, 6)}
     _copy(loop, 20, 21)
-    assert loop._watched == {("t", 1): (5, 6)}  # t-1 has had no record yet
+    assert loop.deletions.watched == {("t", 1): (5, 6)}  # t-1 has had no record yet
     _copy(loop, 5, partition=1)
-    assert loop._watched == {}
+    assert loop.deletions.watched == {}
 
 
 def test_a_new_partition_starting_at_its_log_start_is_watched_from_there() -> None:
@@ -137,18 +138,18 @@ def test_records_deleted_while_the_loop_is_behind_are_counted_once_it_jumps(
     loop.assign([NewPartition("t", 0, "A.t")], {("t", 0): 0})
     _copy(loop, *range(10))
     loop.update_lag()
-    assert loop._watched == {}  # the log start (0) is behind what was read
+    assert loop.deletions.watched == {}  # the log start (0) is behind what was read
     # Retention passes offset 50; the consumer had already fetched 10..12.
     loop.consumer.low[("t", 0)] = 50
     loop.update_lag()
-    assert loop._watched == {("t", 0): (10, 50)}
+    assert loop.deletions.watched == {("t", 0): (10, 50)}
     with caplog.at_level(logging.WARNING):
         _copy(loop, 10, 11, 12)
         assert _skipped(loop) == 0
         _copy(loop, 50, 51)
     assert _skipped(loop) == 37
     assert _lines(caplog) == [f"flow A->B: A t-0: {LINE.format(13, 49, 37)}"]
-    assert loop._watched == {}
+    assert loop.deletions.watched == {}
 
 
 def test_offsets_going_back_are_not_skipped_records() -> None:
@@ -201,12 +202,12 @@ def test_an_idle_partition_is_no_longer_checked_per_batch_yet_a_later_deletion_c
     loop.assign([NewPartition("t", 0, "A.t"), NewPartition("t", 1, "A.t")], {("t", 1): 0})
     loop.consumer.high.update({("t", 0): 20, ("t", 1): 0})  # nothing to read on either
     loop.update_lag()
-    assert loop._watched == {}
+    assert loop.deletions.watched == {}
     # 30 records are written to each and deleted before the consumer fetches them.
     loop.consumer.high.update({("t", 0): 50, ("t", 1): 30})
     loop.consumer.low.update({("t", 0): 50, ("t", 1): 30})
     loop.update_lag()
-    assert loop._watched == {("t", 0): (20, 50), ("t", 1): (0, 30)}
+    assert loop.deletions.watched == {("t", 0): (20, 50), ("t", 1): (0, 30)}
     _copy(loop, 50)
     _copy(loop, 30, partition=1)
     assert _skipped(loop, partition=0) == 30
@@ -253,14 +254,14 @@ def test_librdkafka_reset_line_names_where_the_gap_starts_past_prefetched_marker
     reset_log.log(7, "%s [%s] %s", "FETCH", "rdkafka#consumer-1", "t [0]: not a reset")
     assert [level for level, _line in inner.lines] == [4, 7]  # every line passed on
     assert inner.lines[0][1].endswith(RESET_LINE)
-    assert loop._watched == {("t", 0): (13, AFTER_RESET)}
+    assert loop.deletions.watched == {("t", 0): (13, UNTIL_FOUND)}
     with caplog.at_level(logging.WARNING):
         _copy(loop, 8, 9, 10, 12)
         assert _skipped(loop) == 0
         _copy(loop, 50, 51)
     assert _skipped(loop) == 37
     assert _lines(caplog) == [f"flow A->B: A t-0: {LINE.format(13, 49, 37)}"]
-    assert loop._watched == {}
+    assert loop.deletions.watched == {}
 
 
 def test_a_marker_fetched_before_the_deletion_is_not_counted_when_watched_from_the_lag(
@@ -271,9 +272,9 @@ def test_a_marker_fetched_before_the_deletion_is_not_counted_when_watched_from_t
     _copy(loop, *range(10))
     loop.consumer.low[("t", 0)] = 50
     loop.update_lag()
-    assert loop._watched == {("t", 0): (10, 50)}
+    assert loop.deletions.watched == {("t", 0): (10, 50)}
     _copy(loop, 10, 12)  # 11: a commit marker, fetched before 13..49 were deleted
     assert _skipped(loop) == 0
     _copy(loop, 50)
     assert _skipped(loop) == 37
-    assert loop._watched == {}
+    assert loop.deletions.watched == {}
