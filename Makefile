@@ -48,7 +48,7 @@ docker-engine:
 # One pytest process. Two xdist workers (README, Tests) took 21 min rather than ~26, but
 # a test timed against the other worker's load failed in one fresh-clone run of three.
 test: jars prometheus docker-engine lint
-	$(BIN)/pytest -q -ra
+	$(BIN)/pytest -q -ra --durations=25
 
 bench: jars
 	$(BIN)/python bench/replication.py
