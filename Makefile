@@ -48,7 +48,7 @@ docker-engine:
 	command -v dockerd >/dev/null && command -v debootstrap >/dev/null || ($(SUDO) apt-get update \
 		&& $(SUDO) apt-get install -y --no-install-recommends docker.io debootstrap)
 
-# One pytest process. Two xdist workers (README, Tests) took 21 min rather than ~26, but
+# One pytest process. Two xdist workers (docs/tests.md) took 21 min rather than ~26, but
 # a test timed against the other worker's load failed in one fresh-clone run of three.
 test: jars prometheus docker-engine lint
 	$(BIN)/pytest -q -ra --durations=25

@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def error_prefix(command: str) -> str:
     """What a command's error line starts with."""
-    # `mm2py run` keeps `mm2py: ...`, which the README and its users' alerts rely on
+    # `mm2py run` keeps `mm2py: ...`, which the docs and their users' alerts rely on
     # (`mm2py: cluster D: authentication failed ...`); the others name themselves.
     return "mm2py" if command == "run" else f"mm2py {command}"
 

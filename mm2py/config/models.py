@@ -261,10 +261,10 @@ class FlowSettings(BaseModel):
     )
 
     # mm2py's own (no MM2 key): series of the replication metrics per partition rather
-    # than per topic (README, Metrics).
+    # than per topic (docs/metrics.md).
     metrics_partition_labels: Bool = Field(False, alias="metrics.partition.labels")
     # mm2py's own: also export MM2's metrics under the names the Prometheus JMX exporter
-    # gives them (README, Metrics); per partition, so off unless asked.
+    # gives them (docs/metrics.md); per partition, so off unless asked.
     metrics_mm2_names_enabled: Bool = Field(False, alias="metrics.mm2.names.enabled")
 
     # Exactly-once (mm2py.config.exactly_once), resolved by the loader from MM2's keys:

@@ -32,7 +32,7 @@ from mm2py.kafka.clients import describe_cluster
 
 log = logging.getLogger(__name__)
 
-# Fixed ports so configs/ and the README can name them.
+# Fixed ports so configs/ and the docs (docs/local-clusters.md) can name them.
 # F is above Linux's ephemeral range (32768-60999), so no client socket takes its port.
 BROKER_PORTS = {
     "A": 19092,

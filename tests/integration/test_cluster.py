@@ -425,7 +425,7 @@ def _progress(b: LocalCluster, topic: str) -> dict[int, int]:
 # -- tests ------------------------------------------------------------------------------
 
 
-@pytest.mark.serial  # its 15 s bound is a time: alone in a parallel run (README, Tests)
+@pytest.mark.serial  # its 15 s bound is a time: alone in a parallel run (docs/tests.md)
 @pytest.mark.parametrize(("protocol", "chosen"), [("auto", "classic"), ("consumer", "consumer")])
 def test_a_dead_nodes_tasks_resume_elsewhere_within_15_s_losing_nothing(
     clusters: Clusters,

@@ -44,7 +44,7 @@ from tests.daemon_harness import RunningDaemon, mm2_properties, running_daemon
 from tests.kafka_helpers import create_topic, wait_until
 
 # Serial: its two observers must not wait for CPU that another test's brokers and
-# daemons hold (a parallel run runs it alone, after the others: README, Tests).
+# daemons hold (a parallel run runs it alone, after the others: docs/tests.md).
 pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 PARTITIONS = 2
