@@ -43,12 +43,12 @@ from mm2py.config.rules import FlowRules
 from mm2py.errors import Mm2pyError
 from mm2py.kafka import clients
 from mm2py.kafka.clients import error_text
-from mm2py.kafka.groups import list_groups, read_committed
 from mm2py.kafka.internal_topics import read_offset_syncs
 from mm2py.kafka.reader import ReaderError
 from mm2py.kafka.topics import TopicAdminError, list_offsets, partition_counts
 from mm2py.replication.progress import ProgressStore
-from mm2py.tools.translate import NOT_EXACT, OK, UNTRANSLATED, Report
+from mm2py.tools.plan import selected_group_offsets
+from mm2py.tools.translate import NOT_EXACT, OK, UNTRANSLATED, Report, Status
 
 
 class FailbackError(Mm2pyError):
@@ -105,45 +105,37 @@ def translate_back(
         back_to[row.source_topic] = original
         offset = row.committed_on_source
         where = f"{row.source_topic}-{row.partition} offset {offset} on {report.source}"
+        found = syncs.upstream_position(original, row.partition, offset) if syncs else None
+        status: Status = UNTRANSLATED
+        downstream, reason = row.downstream_offset, None
         if syncs is None:
-            report.rows[i] = replace(
-                row,
-                topic=original,
-                checkpoint_age_seconds=None,  # not from a checkpoint
-                status=UNTRANSLATED,
-                upstream_offset=offset,
-                reason=f"the offset syncs of {name} could not be read "
-                f"({syncs_problem or 'unknown reason'}); waits for them",
+            reason = (
+                f"the offset syncs of {name} could not be read "
+                f"({syncs_problem or 'unknown reason'}); waits for them"
             )
-            continue
-        found = syncs.upstream_position(original, row.partition, offset)
-        if found is None:
-            report.rows[i] = replace(
-                row,
-                topic=original,
-                checkpoint_age_seconds=None,  # not from a checkpoint
-                status=UNTRANSLATED,
-                upstream_offset=offset,
-                reason=f"no offset sync of {name} covers {where} (the syncs topic was emptied "
-                "or made anew, or the copy's topic on "
-                f"{report.source} was): its position on {original} is not known",
+        elif found is None:
+            reason = (
+                f"no offset sync of {name} covers {where} (the syncs topic was emptied or made "
+                f"anew, or the copy's topic on {report.source} was): its position on "
+                f"{original} is not known"
             )
-            continue
+        else:
+            status, downstream = (OK if found.exact else NOT_EXACT), found.upstream
+            if not found.exact:
+                reason = (
+                    f"not proven: the offset syncs of {name} do not prove which record of "
+                    f"{original} the group read last ({where} is past the newest sync, or "
+                    "between syncs compaction separated or MM2 wrote); "
+                    f"{found.upstream} is at or before it: records would be read again"
+                )
         report.rows[i] = replace(
             row,
             topic=original,
-            checkpoint_age_seconds=None,
-            status=OK if found.exact else NOT_EXACT,
+            checkpoint_age_seconds=None,  # not from a checkpoint
+            status=status,
             upstream_offset=offset,
-            downstream_offset=found.upstream,
-            reason=None
-            if found.exact
-            else (
-                f"not proven: the offset syncs of {name} do not prove which record of "
-                f"{original} the group read last ({where} is past the newest sync, or between "
-                "syncs compaction separated or MM2 wrote); "
-                f"{found.upstream} is at or before it: records would be read again"
-            ),
+            downstream_offset=downstream,
+            reason=reason,
         )
     report.notes += [
         f"{remote} on {report.source} goes back to {original} on {report.target}, "
@@ -212,23 +204,10 @@ def returning_groups(
 ) -> list[str]:
     """The source's groups (B's, by the flow's group filter) with committed offsets on a
     returning topic, sorted."""
-    flow, s = rules.flow, rules.settings
     if not returning:
         return []
-    try:
-        listed = list_groups(source_admin, s.admin_timeout)
-    except KafkaException as exc:
-        raise FailbackError(
-            f"cannot list the consumer groups of cluster {flow.source}: {error_text(exc)}"
-        ) from None
-    names = [g for g in listed if rules.group_filter.should_replicate_group(g)]
     partitions = [(t, p) for t in returning for p in range(source_topics[t])]
-    offsets = read_committed(
-        config.cluster(flow.source).librdkafka("consumer"),
-        {g: partitions for g in names},
-        flow.source,
-        s.admin_timeout,
-    )
+    offsets = selected_group_offsets(config, rules, source_admin, partitions, FailbackError)
     return sorted(g for g, committed in offsets.items() if committed)
 
 

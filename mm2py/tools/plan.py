@@ -52,7 +52,7 @@ from mm2py.kafka import clients
 from mm2py.kafka.access import ClusterAccessError, check_cluster_access
 from mm2py.kafka.clients import error_text
 from mm2py.kafka.configs import describe_topic_configs
-from mm2py.kafka.groups import list_groups, read_committed
+from mm2py.kafka.groups import CommittedOffset, list_groups, read_committed
 from mm2py.kafka.topics import TopicAdminError, list_offsets, partition_counts
 from mm2py.parts.sync import describe_topic_acls, has_authorizer
 from mm2py.replication.progress import ProgressStore
@@ -401,6 +401,31 @@ def _plan_groups(
     plan.group_offsets_synced = s.period("sync.group.offsets") is not None
 
 
+def selected_group_offsets(
+    config: MirrorConfig,
+    rules: FlowRules,
+    source_admin: AdminClient,
+    partitions: Sequence[tuple[str, int]],
+    error: type[Mm2pyError],
+) -> dict[str, dict[tuple[str, int], CommittedOffset]]:
+    """The committed offsets on `partitions` of the source's groups that the flow's group
+    filter selects (raises `error`, naming the cluster, when its groups cannot be listed)."""
+    flow, s = rules.flow, rules.settings
+    try:
+        listed = list_groups(source_admin, s.admin_timeout)
+    except KafkaException as exc:
+        raise error(
+            f"cannot list the consumer groups of cluster {flow.source}: {error_text(exc)}"
+        ) from None
+    names = [g for g in listed if rules.group_filter.should_replicate_group(g)]
+    return read_committed(
+        config.cluster(flow.source).librdkafka("consumer"),
+        {g: list(partitions) for g in names},
+        flow.source,
+        s.admin_timeout,
+    )
+
+
 def checkpointed_groups(
     config: MirrorConfig,
     rules: FlowRules,
@@ -408,26 +433,13 @@ def checkpointed_groups(
     source_topics: Mapping[str, int],
 ) -> list[str]:
     """The source's groups the checkpoint part picks up (as it decides), sorted."""
-    flow, s = rules.flow, rules.settings
-    try:
-        listed = list_groups(source_admin, s.admin_timeout)
-    except KafkaException as exc:
-        raise PlanError(
-            f"cannot list the consumer groups of cluster {flow.source}: {error_text(exc)}"
-        ) from None
-    names = [g for g in listed if rules.group_filter.should_replicate_group(g)]
     partitions = [
         (t, p)
         for t, n in source_topics.items()
         if rules.topic_filter.should_replicate_topic(t)
         for p in range(n)
     ]
-    offsets = read_committed(
-        config.cluster(flow.source).librdkafka("consumer"),
-        {g: partitions for g in names},
-        flow.source,
-        s.admin_timeout,
-    )
+    offsets = selected_group_offsets(config, rules, source_admin, partitions, PlanError)
     return sorted(
         g
         for g, committed in offsets.items()
