@@ -128,6 +128,9 @@ def test_a_cluster_that_cannot_be_read_is_named_with_exit_1(tmp_path: Path) -> N
     config = tmp_path / "mm2.properties"
     props = mirrormaker.mm2_properties("A", "127.0.0.1:1", "B", "127.0.0.1:1", "t")
     props["A.request.timeout.ms"] = "2000"
+    # What is tested is the message and the exit code; MM2's default admin.timeout.ms
+    # (60 s) would only make the test wait a minute for the same answer.
+    props["admin.timeout.ms"] = "3000"
     config.write_text(mirrormaker.render_properties(props))
     done = _plan(config)
     assert done.returncode == 1
