@@ -106,6 +106,22 @@ class RunningDaemon:
         lines += self.log().splitlines()[-60:]
         return "\n".join(lines)
 
+    def serving(self) -> bool:
+        """Whether the REST API answers (GET / is 200)."""
+        try:
+            with urllib.request.urlopen(f"http://{self.listen}/", timeout=10) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def wait_serving(self, timeout: float = 60.0) -> None:
+        """Wait until the REST API answers; the process must not exit meanwhile."""
+        deadline = time.monotonic() + timeout
+        while not self.serving():
+            assert self.proc.poll() is None, f"the daemon exited\n{self.report()}"
+            assert time.monotonic() < deadline, f"no REST API within {timeout} s\n{self.report()}"
+            time.sleep(0.1)
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> tuple[int, float]:
         """Signal the daemon; return its exit status and how long it took to exit."""
         if self.proc.poll() is not None:

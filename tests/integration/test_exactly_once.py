@@ -129,7 +129,10 @@ def test_kill_9_while_copying_leaves_every_record_once_and_syncs_on_committed_co
     with LiveProducer(cluster_a, topic, seed):
         for _ in range(4):
             with running_daemon(config) as node:
-                time.sleep(moments.uniform(4.0, 9.0))
+                # A random moment of copying: after the node serves (its start, which
+                # took over 4 s at load 17-19, is not copying time), then 3-8 s on.
+                node.wait_serving()
+                time.sleep(moments.uniform(3.0, 8.0))
                 assert node.proc.poll() is None, node.report()
                 assert node.status_json("A->B")["delivery"] == "exactly-once"
                 node.proc.send_signal(signal.SIGKILL)

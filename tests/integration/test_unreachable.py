@@ -38,13 +38,6 @@ def _get(daemon: RunningDaemon, path: str) -> tuple[int, Any]:
         return err.code, json.loads(err.read())
 
 
-def _serving(daemon: RunningDaemon) -> bool:
-    try:
-        return _get(daemon, "/")[0] == 200
-    except OSError:
-        return False
-
-
 class HealthLog:
     """/health answers with the seconds since `start`, for the report and assertions."""
 
@@ -95,7 +88,7 @@ def test_clusters_unreachable_from_the_start(tmp_path: Path) -> None:
     config = tmp_path / "mm2.properties"
     config.write_text(mirrormaker.render_properties(props))
     with running_daemon(config) as daemon:
-        wait_until(lambda: _serving(daemon), timeout=60, what="the REST API")
+        daemon.wait_serving()
         health = HealthLog(daemon)
         # No task can be had while B (the group's cluster) does not answer: the node's
         # member part is the flow's part here.
@@ -157,7 +150,7 @@ def test_target_stopped_and_started_again(
     second = [(i % 2, f"k{i}".encode(), f"v{i}".encode()) for i in range(100, 300)]
     produce(a, unique, first)
     with running_daemon(config) as daemon:
-        wait_until(lambda: _serving(daemon), timeout=60, what="the REST API")
+        daemon.wait_serving()
         health = HealthLog(daemon)
         health.until(None, timeout=60, what="ready before the outage")
         wait_until(  # heartbeats topics on A are copied too: count the test's topic only
