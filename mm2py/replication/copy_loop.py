@@ -1,78 +1,18 @@
 """The copy loop: records of the partitions it is given, from the source to their remote
-partitions, with progress and offset syncs.
+partitions, with progress and offset syncs. The design: docs/design/copy-path.md.
 
-Which partitions it copies is decided outside (the source part's topic discovery
-today, a task assignment tomorrow): `assign` starts partitions, `unassign` lets them
-go. Every record keeps its partition, key, value, headers and timestamp; the source
-is read `read_committed`.
-
-Records are handled in runs (`Run`): the records of one partition with consecutive
-source offsets in one batch. What is done per record is only what must be: reading
-its fields and the produce call. Only a run's first and last records ask for a
-delivery report: the reports of one partition come in order (idempotent producer),
-and when both are acknowledged with target offsets n - 1 apart for its n records, the
-target holds the whole run, contiguous: a record rejected or timed out between them
-leaves a gap, another writer's record adds one, and either shows as a mismatch.
-Everything else happens once a run: finding the partition, the offset sync rule (the
-distance between source and target offsets is learnt at a run's first record and is
-the same through a proven run), progress, and the statistics
-(`Histogram.observe_span`: the first and last record's values, the ones between spread
-evenly).
-
-A run that is not proven so (a mismatch, or an error reported for its first or last
-record other than a timeout) counts for nothing past its first record (if that one
-was acknowledged), and its partition is copied again from there with a report for
-every record (the caller's `careful` set, kept while the part runs): at-least-once
-in place, by seeking the consumer back (`_start_again`; the records of it still in
-flight are copies too many); exactly-once by aborting the transaction (`RunUnproven`)
-and starting the next loop from the last commit. There each report is compared with
-the offset after the previous one: a gap on the target writes an offset sync where
-the distance changes (another writer in the remote topic), and a rejected record is
-named, stopping its partition. The one case the two reports cannot tell: a record
-lost between them exactly as another writer's records land between them, as many of
-one as of the other. Until the copy again is acknowledged, the newest sync of the
-partition may be its first record's, whose next offset a reader takes as the next
-record's place (mm2py.compat.offsets), another writer's record being there.
-
-Records the source deleted before they were copied (retention, truncation,
-`delete_records`) make the consumer reset to the log start offset; the loop counts
-and logs them (`PartitionStats.skipped`) where its `DeletedRecordWatch`
-(mm2py.replication.deleted_records) reports a jump that may hold them: offsets also
-jump over transaction markers and aborted records (read_committed), which the log
-start offset tells apart (only offsets below it were deleted). librdkafka's "offset
-reset" log line (`OffsetResetLog`, served on the loop's thread before the records
-fetched after the reset) starts a watch; should that line change, a partition is also
-watched once `update_lag` sees its log start pass what was read.
-
-The producer batches for its linger.ms while the loop is behind; with
-`send_when_caught_up`, a batch short of BATCH_SIZE (the loop read all the source had)
-ends with `flush(SEND_WAIT)`, which sends what lingers at once, so light traffic is
-copied without waiting for the linger.
-
-Progress is the last source offset the target acknowledged (the last record of a
-run all acknowledged, or the one before a rejected record), recorded in
-``mm2-offsets.<source>.internal``; offset syncs follow `SyncRule` (a run's first
-record where the distance changes; the latest acknowledged at each progress commit;
-the source consumer's position, when it
-passed offsets a partition ends with, checked by `update_lag`). Everything here
-runs on the one thread that owns the loop, except `failed_partitions()` and
-reading the statistics.
-
-Exactly-once (`Transactions` given): the producer is transactional. A transaction
-opens with the first batch after a commit and commits every `Transactions.interval`
-(mm2py.replication.transactions), or with `Transactions.when_caught_up` as soon as a
-batch comes back short of BATCH_SIZE (the loop has read all the source had): records
-then wait for one commit's round trip, not for the interval, while a loop that is
-behind still commits only every interval, amortising each commit's stall (the
-producer idles from the commit until its next transaction's partitions are
-registered). Once every record is acknowledged, the progress
-of the partitions it copied is written in it, so records and progress are recorded
-together or not at all. Offset syncs and the statistics (records copied, replication
-latency: until the commit, when read_committed readers see the records) wait for the
-commit; nothing is said of records a transaction that aborts copied. Any failure
-aborts the open transaction and ends the loop (`TransactionFailed`; a record the
-target rejects: `PartitionRejected`, its partition in `failed`, which the next loop
-leaves out); the next loop starts from the committed progress.
+Invariants:
+- A record keeps its partition, key, value, headers and timestamp; the source is read
+  `read_committed`, on the one thread that owns the loop (`failed_partitions()` and the
+  statistics may be read from any thread).
+- Progress (``mm2-offsets.<source>.internal``) never passes a source offset whose record,
+  and every one before it, the target has not acknowledged; exactly-once, it is written in
+  the transaction that holds the records.
+- A run (consecutive source offsets of one partition in one batch) counts only once its
+  first and last delivery reports prove it contiguous on the target; a partition with a
+  run not proven is copied again from there with a report per record.
+- Offset syncs follow `SyncRule`, and describe acknowledged (exactly-once: committed)
+  records only.
 """
 
 from __future__ import annotations
