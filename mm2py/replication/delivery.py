@@ -2,8 +2,8 @@
 
 Records are sent in runs (`Run`: consecutive source offsets of one partition). Delivery
 reports of one partition come in order (idempotent producer). Invariants:
-- A. `PartitionState.acked` only grows over offsets whose records, and every one before them
-  since the partition started, the target acknowledged one after another.
+- A. `PartitionState.acked` is a source offset whose record, and every one before it since
+  the partition started, the target acknowledged, one after another.
 - B. Nothing at or past `PartitionState.unproven_from` counts as acknowledged.
 - C. A run without a report per record is proven only when its first and last reports are
   target offsets `count - 1` apart; else its partition is unproven past the first record.
