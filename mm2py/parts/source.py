@@ -38,13 +38,8 @@ from mm2py.replication.client_settings import (
     PRODUCER_REQUIRED,
     copy_settings,
 )
-from mm2py.replication.copy_loop import (
-    CopyLoop,
-    OffsetResetLog,
-    PartitionRejected,
-    RunUnproven,
-    Transactions,
-)
+from mm2py.replication.committers import PartitionRejected, RunUnproven, Transactions
+from mm2py.replication.copy_loop import CopyLoop, OffsetResetLog
 from mm2py.replication.exactly_once import transactional_id
 from mm2py.replication.offset_syncs import OffsetSyncWriter, ensure_offset_syncs_topic
 from mm2py.replication.progress import ProgressStore, SourcePartition
@@ -114,8 +109,8 @@ class SourcePart(FlowPart):
         self._loop: CopyLoop | None = None
         self._access_failure: str | None = None
         # Partitions copied with a delivery report per record since a run of theirs was
-        # not proven (mm2py.replication.copy_loop), while this part lives.
-        self._careful: set[SourcePartition] = set()
+        # not proven (mm2py.replication.delivery), while this part lives.
+        self._per_record_reports: set[SourcePartition] = set()
         # Schema registry replication's counts, over every loop of this part.
         if flow.settings.schema_registry_sync_enabled:
             self.stats.schemas = SchemaStats()
@@ -247,7 +242,7 @@ class SourcePart(FlowPart):
             poll_timeout=rules.settings.consumer_poll_timeout,
             transactions=txns,
             failed=failed,
-            careful=self._careful,
+            per_record_reports=self._per_record_reports,
             # A configured linger is the user's trade of latency for batching: kept.
             send_when_caught_up=not any(key in target_props for key in LINGER_KEYS),
             schemas=schemas,

@@ -1,78 +1,17 @@
-"""The copy loop: records of the partitions it is given, from the source to their remote
-partitions, with progress and offset syncs.
+"""The copy loop: reads the partitions it is given from the source and sends each record to
+its remote partition; the pieces below it say what that proves and when it is recorded.
+The design: docs/design/copy-path.md.
 
-Which partitions it copies is decided outside (the source part's topic discovery
-today, a task assignment tomorrow): `assign` starts partitions, `unassign` lets them
-go. Every record keeps its partition, key, value, headers and timestamp; the source
-is read `read_committed`.
-
-Records are handled in runs (`Run`): the records of one partition with consecutive
-source offsets in one batch. What is done per record is only what must be: reading
-its fields and the produce call. Only a run's first and last records ask for a
-delivery report: the reports of one partition come in order (idempotent producer),
-and when both are acknowledged with target offsets n - 1 apart for its n records, the
-target holds the whole run, contiguous: a record rejected or timed out between them
-leaves a gap, another writer's record adds one, and either shows as a mismatch.
-Everything else happens once a run: finding the partition, the offset sync rule (the
-distance between source and target offsets is learnt at a run's first record and is
-the same through a proven run), progress, and the statistics
-(`Histogram.observe_span`: the first and last record's values, the ones between spread
-evenly).
-
-A run that is not proven so (a mismatch, or an error reported for its first or last
-record other than a timeout) counts for nothing past its first record (if that one
-was acknowledged), and its partition is copied again from there with a report for
-every record (the caller's `careful` set, kept while the part runs): at-least-once
-in place, by seeking the consumer back (`_start_again`; the records of it still in
-flight are copies too many); exactly-once by aborting the transaction (`RunUnproven`)
-and starting the next loop from the last commit. There each report is compared with
-the offset after the previous one: a gap on the target writes an offset sync where
-the distance changes (another writer in the remote topic), and a rejected record is
-named, stopping its partition. The one case the two reports cannot tell: a record
-lost between them exactly as another writer's records land between them, as many of
-one as of the other. Until the copy again is acknowledged, the newest sync of the
-partition may be its first record's, whose next offset a reader takes as the next
-record's place (mm2py.compat.offsets), another writer's record being there.
-
-Records the source deleted before they were copied (retention, truncation,
-`delete_records`) make the consumer reset to the log start offset; the loop counts
-and logs them (`PartitionStats.skipped`) where its `DeletedRecordWatch`
-(mm2py.replication.deleted_records) reports a jump that may hold them: offsets also
-jump over transaction markers and aborted records (read_committed), which the log
-start offset tells apart (only offsets below it were deleted). librdkafka's "offset
-reset" log line (`OffsetResetLog`, served on the loop's thread before the records
-fetched after the reset) starts a watch; should that line change, a partition is also
-watched once `update_lag` sees its log start pass what was read.
-
-The producer batches for its linger.ms while the loop is behind; with
-`send_when_caught_up`, a batch short of BATCH_SIZE (the loop read all the source had)
-ends with `flush(SEND_WAIT)`, which sends what lingers at once, so light traffic is
-copied without waiting for the linger.
-
-Progress is the last source offset the target acknowledged (the last record of a
-run all acknowledged, or the one before a rejected record), recorded in
-``mm2-offsets.<source>.internal``; offset syncs follow `SyncRule` (a run's first
-record where the distance changes; the latest acknowledged at each progress commit;
-the source consumer's position, when it
-passed offsets a partition ends with, checked by `update_lag`). Everything here
-runs on the one thread that owns the loop, except `failed_partitions()` and
-reading the statistics.
-
-Exactly-once (`Transactions` given): the producer is transactional. A transaction
-opens with the first batch after a commit and commits every `Transactions.interval`
-(mm2py.replication.transactions), or with `Transactions.when_caught_up` as soon as a
-batch comes back short of BATCH_SIZE (the loop has read all the source had): records
-then wait for one commit's round trip, not for the interval, while a loop that is
-behind still commits only every interval, amortising each commit's stall (the
-producer idles from the commit until its next transaction's partitions are
-registered). Once every record is acknowledged, the progress
-of the partitions it copied is written in it, so records and progress are recorded
-together or not at all. Offset syncs and the statistics (records copied, replication
-latency: until the commit, when read_committed readers see the records) wait for the
-commit; nothing is said of records a transaction that aborts copied. Any failure
-aborts the open transaction and ends the loop (`TransactionFailed`; a record the
-target rejects: `PartitionRejected`, its partition in `failed`, which the next loop
-leaves out); the next loop starts from the committed progress.
+Invariants:
+- A record keeps its partition, key, value, headers and timestamp; the source is read
+  `read_committed`, on the one thread that owns the loop (`failed_partitions()` and the
+  statistics may be read from any thread).
+- Records go out in runs (consecutive source offsets of one partition in one batch) with
+  the delivery callbacks of its `DeliveryProof` (mm2py.replication.delivery): what counts
+  as copied, and what must be copied again, is the proof's, never the loop's.
+- After each batch the loop asks its `Committer` (mm2py.replication.committers) whether
+  it goes on and whether to commit; it never branches on the delivery mode.
+- Offset syncs follow `SyncRule` and describe recorded records only.
 """
 
 from __future__ import annotations
@@ -81,27 +20,29 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
 from mm2py.compat.schema_framing import HEADER_SIZE
 from mm2py.kafka.consume import consume_batch
 from mm2py.kafka.produce import produce_when_room
 from mm2py.logs import partition_fields
+from mm2py.replication.committers import COMMIT_TIMEOUT, Transactions, committer_for
 from mm2py.replication.deleted_records import DeletedRecordWatch
-from mm2py.replication.offset_syncs import OffsetSyncWriter, SyncRule
+from mm2py.replication.delivery import (
+    NONE_UNPROVEN,
+    DeliveryProof,
+    PartitionState,
+    Run,
+    producer_failed,
+    record_size,
+)
+from mm2py.replication.offset_syncs import OffsetSyncWriter
 from mm2py.replication.progress import ProgressStore, SourcePartition
 from mm2py.replication.schemas import RegistryUnavailable, SchemaTranslator, UnresolvedSchema
-from mm2py.replication.stats import PartitionStats, ReplicationStats
-from mm2py.replication.transactions import (
-    TransactionFailed,
-    TransactionLog,
-    abort,
-    commit,
-    settle,
-)
+from mm2py.replication.stats import ReplicationStats
 
 log = logging.getLogger(__name__)
 
@@ -124,14 +65,8 @@ SEND_WAIT = 0.001
 # Stopping while the target's queue is full, the longest wait for room for one more
 # record, the last of a run, so that its report proves the run (`_end_run_at_stop`).
 ROOM_AT_STOP = 1.0
-# Longest wait for a transaction's records to be acknowledged and committed.
-COMMIT_TIMEOUT = 60.0
 # Show at most this many partitions in an INFO line; the whole list goes to DEBUG.
 LOGGED_PARTITIONS = 20
-# `PartitionState.failed_at` of a partition nothing failed in.
-NOT_FAILED = 2**62
-# A run's record count while records are still being added to it.
-OPEN_RUN = 2**62
 # librdkafka's line (facility OFFSET) when it resets a partition's position, e.g.
 # "[thrd:main]: t [0]: offset reset (at offset 20 (leader epoch -1), broker 1) to ...".
 _OFFSET_RESET = re.compile(r"(?:^|: )(\S+) \[(\d+)\]: offset reset \(at offset (\d+)")
@@ -155,130 +90,12 @@ class OffsetResetLog:
 
 
 @dataclass(frozen=True)
-class Transactions:
-    """How the loop copies exactly-once: its producer is transactional (initialised),
-    and commits every `interval` seconds (0: after every batch), and also after any
-    batch short of BATCH_SIZE when `when_caught_up`."""
-
-    interval: float
-    log: TransactionLog
-    when_caught_up: bool = False
-
-
-class PartitionRejected(TransactionFailed):
-    """The target rejected a record (exactly-once): the transaction is aborted and the
-    partition stopped; the message names the record."""
-
-
-class RunUnproven(RuntimeError):
-    """Exactly-once: a run's first and last delivery reports did not prove it copied
-    whole. The transaction is aborted, and the next loop copies its partition again from
-    the last commit, with a delivery report per record (the `careful` set)."""
-
-
-@dataclass(frozen=True)
 class NewPartition:
     """A source partition to start copying, and its remote topic."""
 
     topic: str
     partition: int
     remote_topic: str
-
-
-@dataclass
-class PartitionState:
-    """The copy state of one source partition and its remote partition."""
-
-    topic: str
-    partition: int
-    remote_topic: str
-    stats: PartitionStats
-    read: int = -1  # last source offset produced to the target
-    acked: int = -1  # last source offset the target acknowledged
-    acked_downstream: int = -1
-    submitted: int = -1  # last offset sent to the progress topic
-    committed: int = -1  # last offset the progress topic acknowledged
-    syncs: SyncRule = field(default_factory=SyncRule)
-    failure: str | None = None
-    # The first source offset not known to be copied: one the target rejected, or the
-    # first one after a run's first record when the run was not proven. Nothing from
-    # there counts as acknowledged.
-    failed_at: int = NOT_FAILED
-    careful: bool = False  # a delivery report for every record (see the module doc)
-    # Where the consumer was sent anew for this partition (a copy again, an assignment
-    # after its topic was created again): until a record at or past it is read, the
-    # consumer's position may still be the one before (a seek takes effect later).
-    sought: int = -1
-    acking: Run | None = None  # the run whose delivery reports come now
-    gone: bool = False  # its source topic was deleted; unassigned until it exists again
-    failed_size: int = 0
-    # The source partition as the consumer's calls take it, made once: `update_lag` asks
-    # for every partition's watermarks each second, and a new TopicPartition per call was
-    # a third of that pass's CPU (2,000 partitions: 8.3 ms, 5.1 ms with this one).
-    source_tp: TopicPartition = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        self.source_tp = TopicPartition(self.topic, self.partition)
-
-
-class Run:
-    """Records of one source partition with consecutive offsets, produced in one batch.
-
-    Reports come in the order the records were produced. `on_end` is the callback of
-    its first and last records (the others have none): the last is expected where the
-    first says the run ends; anything else goes to the loop's `_end_report`. A careful
-    partition's `on_delivery` is every record's: target offsets are expected to follow
-    each other, a record at `expect` is counted with one comparison; anything else (the
-    run's first report, a gap on the target, an error) goes to `_delivery_slow`.
-    """
-
-    __slots__ = (
-        "base",
-        "count",
-        "errors",
-        "expect",
-        "first",
-        "loop",
-        "state",
-        "stop",
-        "ts",
-        "ts_last",
-    )
-
-    def __init__(self, loop: CopyLoop, state: PartitionState, first: int, ts: int) -> None:
-        self.loop = loop
-        self.state = state
-        self.first = first  # source offset of its first record
-        self.ts = ts  # timestamp (ms) of its first record
-        self.ts_last = ts  # and of its last
-        self.count = OPEN_RUN  # records produced; set when the run is closed
-        self.expect = -1  # target offset of the next record; -1 before the first report
-        self.base = 0  # target offset its first record would have at the current distance
-        self.errors = 0  # reports with an error before the first acknowledgement
-        self.stop = -1  # `expect` once every record is acknowledged (known when closed)
-
-    def on_delivery(self, err: KafkaError | None, msg: Any) -> None:
-        if err is None and msg.offset() == self.expect:
-            self.expect += 1
-            if self.expect == self.stop:
-                self.loop._run_acknowledged(self)
-            return
-        self.loop._delivery_slow(self, err, msg)
-
-    def on_end(self, err: KafkaError | None, msg: Any) -> None:
-        if err is None and msg.offset() == self.stop - 1:
-            self.expect = self.stop
-            self.loop._run_acknowledged(self)
-            return
-        self.loop._end_report(self, err, msg)
-
-    def close(self, count: int) -> None:
-        """No more records: `count` were produced."""
-        self.count = count
-        if self.expect >= 0:
-            self.stop = self.base + count
-            if self.expect == self.stop:
-                self.loop._run_acknowledged(self)
 
 
 class CopyLoop:
@@ -303,7 +120,7 @@ class CopyLoop:
         transactions: Transactions | None = None,
         failed: dict[SourcePartition, str] | None = None,
         send_when_caught_up: bool = False,
-        careful: set[SourcePartition] | None = None,
+        per_record_reports: set[SourcePartition] | None = None,
         schemas: SchemaTranslator | None = None,
     ) -> None:
         """`poll_timeout`: the longest wait for records when nothing is in flight
@@ -311,9 +128,9 @@ class CopyLoop:
         partitions stopped by a rejected record, kept by the caller across loops
         (exactly-once); the loop adds those it stops and does not copy them.
         `send_when_caught_up`: after a batch short of BATCH_SIZE (all the source had),
-        send the records the producer holds for its linger.ms at once. `careful`:
-        partitions copied with a delivery report per record, kept by the caller across
-        loops; the loop adds those whose run it could not prove (see the module doc).
+        send the records the producer holds for its linger.ms at once.
+        `per_record_reports`: partitions copied with a delivery report per record, kept
+        by the caller across loops; the loop adds those whose run it could not prove.
         `schemas`: give framed keys and values the target registry's schema ids (a record
         whose id cannot be resolved stops its partition, naming it)."""
         self.flow_name = flow_name
@@ -330,29 +147,21 @@ class CopyLoop:
         self._ack_poll_max = min(poll_timeout, ACK_POLL_MAX)
         # When the loop last saw an acknowledgement, or began waiting for one (monotonic).
         self._ack_seen_at: float | None = None
-        self._acked = False  # a delivery report was served since `_ack_wait` last looked
         self.by_source: dict[SourcePartition, PartitionState] = {}
-        # Set (from any thread) when the loop must end so that the part restarts.
-        self.restart_reason: str | None = None
+        # When and how what the target acknowledged is recorded (the delivery mode).
+        self.committer = committer_for(
+            transactions, flow_name, target_alias, producer, progress, syncs, self.by_source
+        )
+        # Which offsets the target holds, from the delivery reports.
+        self.proof = DeliveryProof(
+            flow_name, target_alias, self.committer, self._fail_partition, per_record_reports
+        )
         self.paused = False
         # Records the source deleted before they were copied (see `deleted_records`).
         self.deletions = DeletedRecordWatch(self._deleted_before_copy)
         self._starts: dict[SourcePartition, int] = {}  # where each partition was assigned
-        self._txn = transactions
         self._failed = failed if failed is not None else {}
-        self._careful = careful if careful is not None else set()
         self._schemas = schemas
-        # Exactly-once: why the loop must end, a run not proven (`RunUnproven`).
-        self._unproven: str | None = None
-        # At-least-once: partitions to copy again from their first offset not proven.
-        self._copy_again: dict[SourcePartition, PartitionState] = {}
-        self._txn_open = False
-        self._txn_due = 0.0  # when the open transaction commits (monotonic)
-        self._rejected: str | None = None  # why the open transaction must abort
-        # Of the open transaction: offset syncs, and (stats, records, first and last
-        # timestamp in ms) of acknowledged runs; both wait for its commit.
-        self._txn_syncs: list[tuple[PartitionState, int, int]] = []
-        self._txn_copied: list[tuple[PartitionStats, int, int, int]] = []
 
     # -- which partitions -------------------------------------------------------
 
@@ -381,7 +190,7 @@ class CopyLoop:
                     p.remote_topic,
                     self.stats.partition(p.remote_topic, p.partition),
                 )
-                state.careful = (p.topic, p.partition) in self._careful
+                state.report_every_record = (p.topic, p.partition) in self.proof.per_record_reports
                 stored = self._stored.get((p.topic, p.partition))
                 if stored is not None:
                     state.acked = state.committed = state.submitted = stored
@@ -509,19 +318,16 @@ class CopyLoop:
         else:
             wait = self._poll_timeout
             self._ack_seen_at = None
-        if self._txn_open:
-            wait = min(wait, max(self._txn_due - time.monotonic(), 0.0))
-        msgs = consume_batch(self.consumer, BATCH_SIZE, wait)
-        if msgs and self._txn is not None and not self._txn_open:
-            self.producer.begin_transaction()
-            self._txn_open = True
-            self._txn_due = time.monotonic() + self._txn.interval
+        committer = self.committer
+        msgs = consume_batch(self.consumer, BATCH_SIZE, committer.read_wait(wait))
+        if msgs:
+            committer.records_read()
         if self.deletions:
             self.deletions.check(msgs)
         wall = time.time()
         self.stats.roll(wall)  # MM2's metric windows, when enabled: once a batch
         for state, first, end in self._runs(msgs):
-            if state.failed_at != NOT_FAILED:
+            if state.unproven_from != NONE_UNPROVEN:
                 continue  # stopped, or an earlier run of it in this batch was not proven
             if not self._copy_run(msgs, first, end, state, wall, give_up):
                 return False
@@ -531,22 +337,9 @@ class CopyLoop:
             self.producer.flush(SEND_WAIT)
         else:
             self.producer.poll(0)
-        if self._copy_again:
+        if committer.copy_again_now:
             self._start_again()
-        if self._txn is not None and self._rejected is not None:
-            raise PartitionRejected(self._rejected)
-        if self._unproven is not None:
-            raise RunUnproven(self._unproven)
-        if self.restart_reason:
-            raise RuntimeError(self.restart_reason)
-        if self._txn is not None:
-            if self._txn.log.failure is not None:
-                raise TransactionFailed(self._txn.log.failure)
-            if self._txn_open and (
-                (self._txn.when_caught_up and len(msgs) < BATCH_SIZE)
-                or time.monotonic() >= self._txn_due
-            ):
-                self.commit_transaction()
+        committer.end_batch(caught_up=len(msgs) < BATCH_SIZE)
         return True
 
     def _runs(self, msgs: Sequence[Any]) -> list[tuple[PartitionState, int, int]]:
@@ -593,14 +386,9 @@ class CopyLoop:
         """Produce `msgs[first:end]`, one run of `state`'s partition. False when
         `give_up()` said to stop while the target's queue was full."""
         head = msgs[first]
-        run = Run(self, state, head.offset(), head.timestamp()[1])
+        run = self.proof.start_run(state, head.offset(), head.timestamp()[1])
         count = end - first
-        if state.careful:
-            reports: list[Any] = [run.on_delivery] * count
-        elif count == 1:
-            reports = [run.on_end]
-        else:
-            reports = [run.on_end, *([None] * (count - 2)), run.on_end]
+        reports = self.proof.reports(run, count)
         produce = self.producer.produce
         remote, partition = state.remote_topic, state.partition
         size = ts = 0  # key+value bytes, last timestamp
@@ -646,7 +434,7 @@ class CopyLoop:
                     self._refused(exc, state, msg.offset(), msg)
                     return True
                 if not sent:
-                    ending = not state.careful and msg.offset() > run.first
+                    ending = not state.report_every_record and msg.offset() > run.first
                     if ending and self._end_run_at_stop(args, run.on_end):
                         # This record ends the run: its report proves the run.
                         size += len(msg) + (len(key) if key is not None else 0)
@@ -697,13 +485,12 @@ class CopyLoop:
                 "partition is stopped (schema.registry.unresolved.ids = copy copies such "
                 "records unchanged): fix the registries and restart the flow"
             )
-            self._fail_partition(state, offset, failure, _size(msg), failure=failure)
+            self._fail_partition(state, offset, failure, record_size(msg), failure=failure)
         except RegistryUnavailable as exc:
             offset = msg.offset()
             self._cut_run(run, state, offset, size, ts, wall)
-            state.failed_at = min(state.failed_at, offset)  # nothing after it is copied
-            if self.restart_reason is None:
-                self.restart_reason = f"{exc} (at {state.topic}-{state.partition} offset {offset})"
+            state.unproven_from = min(state.unproven_from, offset)  # nothing after it is copied
+            self.committer.fail(f"{exc} (at {state.topic}-{state.partition} offset {offset})")
         return None
 
     def _end_run_at_stop(self, args: tuple[Any, ...], on_end: Callable[..., None]) -> bool:
@@ -719,27 +506,19 @@ class CopyLoop:
     def _cut_run(
         self, run: Run, state: PartitionState, stop: int, size: int, ts: int, wall: float
     ) -> None:
-        """`run` ends before source offset `stop`, which was not sent. Unless careful,
-        the last record sent asked for no report: nothing after the run's first record
-        can be proven copied (at-least-once copies it again after a restart; an open
+        """`run` ends before source offset `stop`, which was not sent (`DeliveryProof.cut`:
+        at-least-once copies what it cannot prove again after a restart; an open
         transaction is aborted)."""
-        produced = stop - run.first
-        self._close_run(run, state, produced, size, ts, wall)
-        if produced > 1 and not state.careful:
-            state.failed_at = min(state.failed_at, run.first + 1)
-            if self._txn is not None and self._unproven is None:
-                self._unproven = (
-                    f"flow {self.flow_name}: {state.topic}-{state.partition} offsets "
-                    f"{run.first + 1}..{stop - 1} were sent without the report that proves them"
-                )
+        self._close_run(run, state, stop - run.first, size, ts, wall)
+        self.proof.cut(run, stop)
 
     def _refused(self, exc: KafkaException, state: PartitionState, offset: int, msg: Any) -> None:
         """The produce call refused a record: its partition stops, unless the producer
         as a whole cannot go on (fenced, or a fatal error): then the loop ends."""
         err = exc.args[0]
-        if _producer_failed(err) or (self._txn is not None and self._rejected is not None):
+        if producer_failed(err) or self.committer.aborting:
             raise exc
-        self._fail_partition(state, offset, err.str(), _size(msg))
+        self._fail_partition(state, offset, err.str(), record_size(msg))
 
     def _close_run(
         self, run: Run, state: PartitionState, produced: int, size: int, ts: int, wall: float
@@ -818,141 +597,21 @@ class CopyLoop:
     def _ack_wait(self) -> float:
         """How long to wait for records while acknowledgements are due (see ACK_POLL_MAX)."""
         now = time.monotonic()
-        if self._acked or self._ack_seen_at is None:
+        proof = self.proof
+        if proof.report_served or self._ack_seen_at is None:
             self._ack_seen_at = now
-            self._acked = False
+            proof.report_served = False
         waited = now - self._ack_seen_at
         return min(max(waited / 10, ACK_POLL_TIMEOUT), self._ack_poll_max)
-
-    def _delivery_slow(self, run: Run, err: KafkaError | None, msg: Any) -> None:
-        """A delivery report of `run` that is not the next contiguous acknowledgement:
-        its first, one after a gap on the target, or an error."""
-        self._acked = True
-        state = run.state
-        # The record's place in the run: reports come in order, and a rejected record
-        # takes no target offset.
-        index = run.errors if run.expect < 0 else run.expect - run.base
-        upstream = run.first + index
-        if err is not None:
-            if run.expect < 0:
-                run.errors += 1
-            else:
-                run.base -= 1
-            if self._ends_loop(state, upstream, err):
-                return
-            if state.failure is None and run.expect >= 0:
-                # The records before it in this run were acknowledged.
-                self._acknowledged(state, upstream - 1, run.expect - 1, index, run, time.time())
-            self._fail_partition(state, upstream, err.str(), _size(msg))
-            return
-        downstream = msg.offset()
-        if state.failure is None and state.syncs.on_copied(upstream, downstream):
-            self._write_sync(state, upstream, downstream)
-        state.acking = run
-        run.base = downstream - index
-        run.expect = downstream + 1
-        if run.count != OPEN_RUN:
-            run.stop = run.base + run.count
-            if run.expect == run.stop:
-                self._run_acknowledged(run)
-
-    def _ends_loop(self, state: PartitionState, upstream: int, err: KafkaError) -> bool:
-        """A delivery error that is not the target refusing the record `upstream`: the
-        producer failed, the loop is aborting, or the record timed out (True)."""
-        if _producer_failed(err) or (self._txn is not None and self._rejected is not None):
-            # The loop ends (an open transaction aborts): only the first failure says why.
-            if self.restart_reason is None and self._rejected is None:
-                self.restart_reason = f"writing to {self.target_alias}: {err.str()}"
-            return True
-        if err.code() in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
-            return True  # dropped by an abort
-        if err.code() == KafkaError._MSG_TIMED_OUT:
-            # Nothing is lost: the part restarts from its last progress.
-            self.restart_reason = (
-                f"copying {state.topic}-{state.partition} offset {upstream} to "
-                f"{state.remote_topic} on {self.target_alias} failed: {err.str()}"
-            )
-            return True
-        return False
-
-    def _end_report(self, run: Run, err: KafkaError | None, msg: Any) -> None:
-        """A report of `run`'s first or last record (not careful) that does not end it:
-        the first (where the target offsets start), an error, or the last where the
-        first did not say."""
-        self._acked = True
-        if run.errors:
-            return  # its first record's report was an error, handled then
-        state = run.state
-        at_first = run.expect < 0
-        if err is not None:
-            if at_first:
-                run.errors = 1
-            upstream = run.first if at_first else run.first + run.count - 1
-            if not self._ends_loop(state, upstream, err):
-                self._unproven_run(
-                    state,
-                    run,
-                    run.first if at_first else run.first + 1,
-                    f"the target refused offset {upstream}: {err.str()}",
-                )
-            return
-        downstream = msg.offset()
-        if not at_first:
-            self._unproven_run(
-                state,
-                run,
-                run.first + 1,
-                f"its {run.count} records went to {state.remote_topic} offsets {run.base} "
-                f"to {downstream}, not one after another",
-            )
-            return
-        if (
-            state.failure is None
-            and run.first < state.failed_at
-            and state.syncs.on_copied(run.first, downstream)
-        ):
-            self._write_sync(state, run.first, downstream)
-        state.acking = run
-        run.base = downstream
-        run.expect = downstream + 1
-        if run.count != OPEN_RUN:
-            run.stop = run.base + run.count
-            if run.expect == run.stop:
-                self._run_acknowledged(run)
-
-    def _unproven_run(self, state: PartitionState, run: Run, offset: int, detail: str) -> None:
-        """Nothing of `state`'s partition from `offset` counts; it is copied again from
-        there with a report per record (exactly-once: the loop ends, the transaction is
-        aborted, and the next loop copies it from the last commit)."""
-        if offset >= state.failed_at:
-            return  # already: this run's first report, or an earlier run
-        if offset > run.first:  # its first record is proven
-            self._acknowledged(state, run.first, run.base, 1, run, time.time())
-        state.failed_at = offset
-        where = (state.topic, state.partition)
-        self._careful.add(where)
-        last = run.first + run.count - 1
-        if self._txn is None:
-            again = f"copying it again from offset {offset}"
-            self._copy_again[where] = state
-        else:
-            again = "the transaction is aborted; the next one copies it again"
-        reason = (
-            f"flow {self.flow_name}: copying {state.topic}-{state.partition} offsets "
-            f"{offset}..{last} to {self.target_alias} is not proven: {detail}; {again}, with "
-            "a delivery report per record"
-        )
-        log.warning("%s", reason, extra=partition_fields(*where))
-        if self._txn is not None and self._unproven is None:
-            self._unproven = reason
 
     def _start_again(self) -> None:
         """At-least-once: copy the partitions whose run was not proven again, from their
         first offset not proven, with a report per record. Their new state continues the
         old one's progress and syncs; their records still in flight count for nothing
-        (reported to the old state, past its `failed_at`)."""
+        (reported to the old state, past its `unproven_from`)."""
         tps = []
-        for where, old in self._copy_again.items():
+        again = self.committer.copy_again_now
+        for where, old in again.items():
             if old.failure is not None:
                 continue  # stopped
             state = PartitionState(
@@ -960,54 +619,22 @@ class CopyLoop:
                 old.partition,
                 old.remote_topic,
                 old.stats,
-                read=old.failed_at - 1,
+                read=old.unproven_from - 1,
                 acked=old.acked,
                 acked_downstream=old.acked_downstream,
                 submitted=old.submitted,
                 committed=old.committed,
                 syncs=old.syncs,
-                careful=True,
+                report_every_record=True,
                 gone=old.gone,
-                sought=old.failed_at,
+                sought=old.unproven_from,
             )
             self.by_source[where] = state
             if not state.gone:  # else `assign` starts it after its progress
-                tps.append(TopicPartition(old.topic, old.partition, old.failed_at))
-        self._copy_again.clear()
+                tps.append(TopicPartition(old.topic, old.partition, old.unproven_from))
+        again.clear()
         for tp in tps:
             self.consumer.seek(tp)
-
-    def _run_acknowledged(self, run: Run) -> None:
-        """Every record of `run` was acknowledged, the last at `run.expect - 1`."""
-        self._acked = True
-        last = run.first + run.count - 1
-        if last < run.state.failed_at:
-            self._acknowledged(run.state, last, run.expect - 1, run.count, run, time.time())
-
-    def _acknowledged(
-        self,
-        state: PartitionState,
-        upstream: int,
-        downstream: int,
-        count: int,
-        run: Run,
-        now: float,
-    ) -> None:
-        """Progress to `upstream` (at `downstream`), `count` more records of `run` copied."""
-        if count <= 0:
-            return
-        state.acked = upstream
-        state.acked_downstream = downstream
-        # The last record's timestamp is known only for a whole run (a partial one: its first).
-        last_ts = run.ts_last if count == run.count else run.ts
-        if self._txn is not None:
-            self._txn_copied.append((state.stats, count, run.ts, last_ts))
-            return
-        stats = state.stats
-        stats.records += count
-        # At the moment the report is served, like confluent-kafka's `msg.latency()`;
-        # serving reports promptly (ACK_POLL_TIMEOUT) is what makes it exact.
-        stats.latency.observe_span(now - run.ts / 1000.0, now - last_ts / 1000.0, count)
 
     def _fail_partition(
         self, state: PartitionState, offset: int, reason: str, size: int, failure: str | None = None
@@ -1020,12 +647,14 @@ class CopyLoop:
         copied (a schema id that cannot be resolved).
         """
         first = state.failure is None
-        state.failed_at = min(state.failed_at, offset)
-        if self._txn is not None and self._rejected is None:
-            self._rejected = failure or (
+        state.unproven_from = min(state.unproven_from, offset)
+        self.committer.rejected(
+            failure
+            or (
                 f"target {self.target_alias} rejected record {state.topic}-{state.partition} "
                 f"offset {offset}: {reason}"
             )
+        )
         if not first and size <= state.failed_size:
             return
         state.failed_size = size
@@ -1046,12 +675,6 @@ class CopyLoop:
                 self._on_partition_failed()
             self.consumer.pause([TopicPartition(state.topic, state.partition)])
 
-    def _write_sync(self, state: PartitionState, upstream: int, downstream: int) -> None:
-        if self._txn is not None:
-            self._txn_syncs.append((state, upstream, downstream))  # after the commit
-        elif self.syncs is not None:
-            self.syncs.write(state.topic, state.partition, upstream, downstream)
-
     def _consume_error(self, msg: Any) -> None:
         err = msg.error()
         if err.fatal():
@@ -1067,78 +690,6 @@ class CopyLoop:
 
     # -- periodic work ------------------------------------------------------------
 
-    def commit_progress(self, wait_until: float | None = None) -> None:
-        """Record the acknowledged positions (and the latest offset syncs).
-
-        The writes are only submitted (`committed` advances when the target
-        acknowledges them), unless `wait_until` (a monotonic deadline) is given.
-        """
-        self.producer.poll(0)
-        changed = {}
-        for key, state in self.by_source.items():
-            run = state.acking
-            if run is not None and run.expect >= 0:
-                # Part of a run acknowledged so far (the whole run is counted at its end).
-                upstream = run.first + run.expect - run.base - 1
-                if state.acked < upstream < state.failed_at:
-                    state.acked = upstream
-                    state.acked_downstream = run.expect - 1
-            if state.acked > state.submitted:
-                changed[key] = state.acked
-                state.submitted = state.acked
-                if state.syncs.on_progress(state.acked):
-                    self._write_sync(state, state.acked, state.acked_downstream)
-        if self.syncs is not None:
-            self.syncs.poll()
-        self.progress.submit(changed, self._progress_written)
-        if wait_until is not None:
-            self.progress.flush(max(wait_until - time.monotonic(), 0.1))
-
-    def commit_transaction(self, timeout: float = COMMIT_TIMEOUT) -> None:
-        """Exactly-once: commit the open transaction with the progress of what it copied;
-        then write its offset syncs and count its records.
-
-        Raises TransactionFailed (PartitionRejected) when it cannot commit; the caller
-        aborts it (`finish`).
-        """
-        txn = self._txn
-        assert txn is not None
-        if not self._txn_open:
-            return
-        where = f"flow {self.flow_name}: committing to cluster {self.target_alias}"
-        settle(self.producer, txn.log, timeout, where)  # every delivery report served
-        if self._rejected is not None:
-            raise PartitionRejected(self._rejected)
-        if self._unproven is not None:
-            raise RunUnproven(self._unproven)
-        if self.restart_reason is not None:
-            raise TransactionFailed(self.restart_reason)
-        changed = {
-            key: state.acked
-            for key, state in self.by_source.items()
-            if state.acked > state.committed and state.acked < state.failed_at
-        }
-        self.progress.write_in_transaction(self.producer, changed)
-        commit(self.producer, txn.log, timeout, where)
-        self._txn_open = False
-        now = time.time()
-        for stats, count, first_ts, last_ts in self._txn_copied:
-            stats.records += count
-            stats.latency.observe_span(now - first_ts / 1000.0, now - last_ts / 1000.0, count)
-        syncs = self.syncs
-        for state, upstream, downstream in self._txn_syncs:
-            if syncs is not None:
-                syncs.write(state.topic, state.partition, upstream, downstream)
-        self._txn_copied.clear()
-        self._txn_syncs.clear()
-        for key, offset in changed.items():
-            state = self.by_source[key]
-            state.committed = state.submitted = offset
-            if syncs is not None and state.syncs.on_progress(offset):
-                syncs.write(state.topic, state.partition, offset, state.acked_downstream)
-        if syncs is not None:
-            syncs.poll()
-
     def _sync_positions(self, ending: list[PartitionState]) -> None:
         """Sync the source consumer's position of each partition of `ending` whose every
         record read is copied (exactly-once: committed) when the consumer skipped offsets
@@ -1152,11 +703,11 @@ class CopyLoop:
         idle = []
         for state in ending:
             # Progress: the last record acknowledged; exactly-once, committed with it.
-            copied = state.acked if self._txn is None else state.committed
+            copied = self.committer.copied_through(state)
             if (
                 state.acked_downstream >= 0  # copied since this loop started
                 and copied == state.acked >= state.read >= state.sought
-                and state.failed_at == NOT_FAILED
+                and state.unproven_from == NONE_UNPROVEN
                 and state.failure is None
                 and not state.gone
             ):
@@ -1170,10 +721,6 @@ class CopyLoop:
             for sync in state.syncs.on_position(tp.offset, state.acked, state.acked_downstream):
                 self.syncs.write(state.topic, state.partition, *sync)
         self.syncs.poll()
-
-    def _progress_written(self, where: SourcePartition, offset: int) -> None:
-        state = self.by_source[where]
-        state.committed = max(state.committed, offset)
 
     def update_lag(self) -> None:
         """Source end offset minus the next offset to copy, per partition; and the offset
@@ -1208,41 +755,26 @@ class CopyLoop:
         if ending:
             self._sync_positions(ending)
 
+    # -- recording what the target holds (the committer's) ------------------------------
+
+    def commit_progress(self, wait_until: float | None = None) -> None:
+        """The periodic progress write (at-least-once; exactly-once writes progress in
+        each transaction): `Committer.record_progress`."""
+        self.committer.record_progress(wait_until)
+
+    def commit_transaction(self, timeout: float = COMMIT_TIMEOUT) -> None:
+        """Record what is proven now (exactly-once: commit the open transaction)."""
+        self.committer.commit(timeout)
+
     def finish(self, deadline: float) -> None:
-        """Flush what is in flight and record progress, by `deadline` (monotonic).
+        """Flush what is in flight and record progress, by `deadline` (monotonic);
+        exactly-once, commit the open transaction or abort it (`Committer.finish`)."""
+        self.committer.finish(deadline)
 
-        Exactly-once: commit the open transaction, or abort it when the loop ends on
-        a failure (or the commit fails: nothing of it is recorded)."""
-        if self._txn is None:
-            self.producer.flush(max(deadline - time.monotonic(), 0.1))
-            self.commit_progress(wait_until=deadline)
-        elif self._txn_open:
-            failed = (
-                self._rejected or self._unproven or self.restart_reason or self._txn.log.failure
-            )
-            try:
-                if failed is not None:
-                    raise TransactionFailed(failed)
-                self.commit_transaction(max(deadline - time.monotonic(), 0.1))
-            except (TransactionFailed, RunUnproven, KafkaException) as exc:
-                log.warning(
-                    "flow %s: the open transaction is aborted (%s); its records are copied "
-                    "again from the last commit",
-                    self.flow_name,
-                    exc,
-                )
-                abort(
-                    self.producer, f"flow {self.flow_name}", max(deadline - time.monotonic(), 1.0)
-                )
-            self._txn_open = False
-        if self.syncs is not None:
-            self.syncs.flush(max(deadline - time.monotonic(), 0.1))
-
-
-def _producer_failed(err: KafkaError) -> bool:
-    """The producer as a whole cannot go on (a fatal error; fenced by another holder of
-    its transactional id), as opposed to one record refused."""
-    return bool(err.fatal() or err.code() in (KafkaError._FATAL, KafkaError._FENCED))
+    @property
+    def restart_reason(self) -> str | None:
+        """Why the loop must end so that the part restarts."""
+        return self.committer.restart_reason
 
 
 def describe_partitions(tps: Sequence[TopicPartition]) -> str:
@@ -1251,9 +783,3 @@ def describe_partitions(tps: Sequence[TopicPartition]) -> str:
         return ", ".join(f"{tp.topic}-{tp.partition}" for tp in tps)
     topics = len({tp.topic for tp in tps})
     return f"{len(tps)} partitions of {topics} topics (the list is logged at DEBUG)"
-
-
-def _size(msg: Any) -> int:
-    """Key plus value bytes of a record."""
-    key, value = msg.key(), msg.value()
-    return (len(key) if key else 0) + (len(value) if value else 0)

@@ -28,14 +28,8 @@ from mm2py.replication.client_settings import (
     PRODUCER_REQUIRED,
     copy_settings,
 )
-from mm2py.replication.copy_loop import (
-    CopyLoop,
-    NewPartition,
-    PartitionRejected,
-    RunUnproven,
-    Transactions,
-    describe_partitions,
-)
+from mm2py.replication.committers import PartitionRejected, RunUnproven, Transactions
+from mm2py.replication.copy_loop import CopyLoop, NewPartition, describe_partitions
 from mm2py.replication.offset_syncs import OffsetSyncWriter, SyncRule
 from mm2py.replication.stats import ReplicationStats
 from mm2py.replication.transactions import TransactionLog
@@ -223,7 +217,8 @@ class FakeProgress:
 def _loop(
     stored: dict[tuple[str, int], int] | None = None,
     send_when_caught_up: bool = False,
-    careful: set[tuple[str, int]] | None = None,
+    per_record_reports: set[tuple[str, int]] | None = None,
+    on_partition_failed: Callable[[], None] | None = None,
 ) -> tuple[CopyLoop, FakeProducer]:
     consumer, producer = FakeConsumer(), FakeProducer()
     syncs = OffsetSyncWriter(FakeProducer(), "mm2-offset-syncs.B.internal")
@@ -237,7 +232,8 @@ def _loop(
         ReplicationStats("A", "B"),
         stored or {},
         send_when_caught_up=send_when_caught_up,
-        careful=careful,
+        per_record_reports=per_record_reports,
+        on_partition_failed=on_partition_failed,
     )
     return loop, producer
 
@@ -297,8 +293,8 @@ def test_a_gap_on_either_side_writes_a_sync_where_the_distance_changes() -> None
     assert _syncs(loop) == [("t", 0, 0, 0), ("t", 0, 5, 2), ("t", 0, 7, 7)]
 
 
-def test_a_foreign_record_inside_a_careful_run_gets_a_sync_at_the_next_record() -> None:
-    loop, producer = _loop(careful={("t", 0)})
+def test_a_foreign_record_inside_a_run_reported_per_record_gets_a_sync_at_the_next_record() -> None:
+    loop, producer = _loop(per_record_reports={("t", 0)})
     loop.assign([NewPartition("t", 0, "A.t")], {})
     producer.foreign_before = {3: 2, 5: 1}  # two land before the 4th record, one before the 6th
     _queue(loop, *range(8))  # one run: consecutive source offsets
@@ -332,10 +328,10 @@ def test_runs_split_at_source_gaps_and_partitions_interleaved_in_a_batch() -> No
     assert loop.progress.written == {("t", 0): 8, ("t", 1): 1}  # type: ignore[attr-defined]
 
 
-def test_a_record_rejected_inside_a_careful_run_is_named_and_progress_stops_before_it(
+def test_a_record_rejected_inside_a_run_reported_per_record_is_named_and_progress_stops_before_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    loop, producer = _loop(careful={("t", 0)})
+    loop, producer = _loop(per_record_reports={("t", 0)})
     loop.assign([NewPartition("t", 0, "A.t")], {})
     too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
     # The target rejects the batch holding source offsets 3..5, the largest being 4.
@@ -353,7 +349,7 @@ def test_a_record_rejected_inside_a_careful_run_is_named_and_progress_stops_befo
 
 
 def test_progress_counts_only_acknowledged_records_and_resumes_after_stored_progress() -> None:
-    loop, producer = _loop(stored={("t", 0): 41}, careful={("t", 0)})
+    loop, producer = _loop(stored={("t", 0): 41}, per_record_reports={("t", 0)})
     loop.assign([NewPartition("t", 0, "A.t")], {("t", 0): 0})
     assert loop.consumer.assigned[0].offset == 42  # after the stored progress
     _queue(loop, 42, 43, 44)
@@ -375,9 +371,10 @@ def test_progress_counts_only_acknowledged_records_and_resumes_after_stored_prog
 def test_a_rejected_record_stops_its_partition_naming_it_while_others_go_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    loop, producer = _loop(careful={("big", 0)})
     failures: list[int] = []
-    loop._on_partition_failed = lambda: failures.append(1)
+    loop, producer = _loop(
+        per_record_reports={("big", 0)}, on_partition_failed=lambda: failures.append(1)
+    )
     too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
     producer.outcome = lambda r: too_large if r.topic() == "A.big" else None
     loop.assign([NewPartition("big", 0, "A.big"), NewPartition("t", 0, "A.t")], {})
@@ -394,8 +391,8 @@ def test_a_rejected_record_stops_its_partition_naming_it_while_others_go_on(
     assert loop.progress.written == {("t", 0): 1}  # type: ignore[attr-defined]
 
 
-def test_only_a_runs_first_and_last_records_ask_for_a_report_unless_careful() -> None:
-    loop, producer = _loop(careful={("t", 1)})
+def test_only_a_runs_first_and_last_records_ask_for_a_report_unless_per_record() -> None:
+    loop, producer = _loop(per_record_reports={("t", 1)})
     loop.assign([NewPartition("t", p, "A.t") for p in range(3)], {})
     _queue(loop, 0, 1, 2, 3)
     _queue(loop, 0, 1, 2, partition=1)
@@ -422,8 +419,8 @@ def test_only_a_runs_first_and_last_records_ask_for_a_report_unless_careful() ->
 def test_a_foreign_record_inside_a_run_shows_at_its_last_report_and_it_is_copied_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    careful: set[tuple[str, int]] = set()
-    loop, producer = _loop(careful=careful)
+    per_record: set[tuple[str, int]] = set()
+    loop, producer = _loop(per_record_reports=per_record)
     loop.assign([NewPartition("t", 0, "A.t"), NewPartition("t", 1, "A.t")], {})
     producer.foreign_before = {3: 2}  # two land before partition 0's 4th record
     _queue(loop, *range(8))
@@ -435,7 +432,7 @@ def test_a_foreign_record_inside_a_run_shows_at_its_last_report_and_it_is_copied
     producer.hold = False
     with caplog.at_level(logging.WARNING):
         producer.poll()
-    assert careful == {("t", 0)}
+    assert per_record == {("t", 0)}
     assert (
         "t-0 offsets 1..7 to B is not proven: its 8 records went to A.t offsets 0 to 9, "
         "not one after another; copying it again from offset 1"
@@ -513,11 +510,11 @@ def test_a_runs_first_record_refused_makes_it_copied_again_from_that_record() ->
     assert "rejected record t-0 offset 0" in loop.failed_partitions()["A.t-0"]
 
 
-@pytest.mark.parametrize("careful", [False, True])
+@pytest.mark.parametrize("per_record", [False, True])
 def test_stopping_with_the_queue_full_ends_the_run_with_a_report_so_progress_is_exact(
-    careful: bool,
+    per_record: bool,
 ) -> None:
-    loop, producer = _loop(careful={("t", 0)} if careful else None)
+    loop, producer = _loop(per_record_reports={("t", 0)} if per_record else None)
     loop.assign([NewPartition("t", 0, "A.t")], {})
     _queue(loop, *range(6))
     producer.hold = True
@@ -533,11 +530,11 @@ def test_stopping_with_the_queue_full_ends_the_run_with_a_report_so_progress_is_
     producer.produce = fill_at_the_fourth  # type: ignore[method-assign]
     assert not loop.copy_batch(lambda: True)  # stopping: it gives up waiting for room
     asks = [callback is not None for callback, _r, _err in producer.pending]
-    # Unless careful, the 4th record is sent after all, as the run's last, with a report.
-    assert asks == ([True] * 3 if careful else [True, False, False, True])
+    # Unless reported per record, the 4th record is sent after all, as the run's last.
+    assert asks == ([True] * 3 if per_record else [True, False, False, True])
     producer.hold = False
     loop.finish(time.monotonic() + 5)
-    assert loop.progress.written == {("t", 0): 2 if careful else 3}  # type: ignore[attr-defined]
+    assert loop.progress.written == {("t", 0): 2 if per_record else 3}  # type: ignore[attr-defined]
 
 
 def test_a_timed_out_delivery_ends_the_loop_for_a_restart_from_progress() -> None:
@@ -726,7 +723,7 @@ class FakeTransactionalProgress(FakeProgress):
 def _eos_loop(
     failed: dict[tuple[str, int], str] | None = None,
     when_caught_up: bool = False,
-    careful: set[tuple[str, int]] | None = None,
+    per_record_reports: set[tuple[str, int]] | None = None,
 ) -> tuple[CopyLoop, FakeTransactionalProducer]:
     consumer, producer = FakeConsumer(), FakeTransactionalProducer()
     syncs = OffsetSyncWriter(FakeProducer(), "mm2-offset-syncs.B.internal")
@@ -745,7 +742,7 @@ def _eos_loop(
             when_caught_up=when_caught_up,
         ),
         failed=failed,
-        careful=careful,
+        per_record_reports=per_record_reports,
     )
     return loop, producer
 
@@ -791,9 +788,9 @@ def test_exactly_once_caught_up_commits_at_once_behind_waits_for_the_interval(
     assert loop.stats.partition("A.t", 0).records == 4
 
 
-def test_exactly_once_an_unproven_run_aborts_and_the_next_loop_is_careful() -> None:
-    careful: set[tuple[str, int]] = set()
-    loop, producer = _eos_loop(careful=careful)
+def test_exactly_once_an_unproven_run_aborts_and_the_next_loop_reports_every_record() -> None:
+    per_record: set[tuple[str, int]] = set()
+    loop, producer = _eos_loop(per_record_reports=per_record)
     loop.assign([NewPartition("t", 0, "A.t")], {})
     producer.foreign_before = {2: 1}
     _queue(loop, 0, 1, 2)
@@ -801,13 +798,13 @@ def test_exactly_once_an_unproven_run_aborts_and_the_next_loop_is_careful() -> N
         loop.copy_batch(_never)  # the reports come when the batch polls
     loop.finish(time.monotonic() + 5)
     assert producer.aborts == 1 and producer.commits == []
-    assert careful == {("t", 0)} and _syncs(loop) == []
+    assert per_record == {("t", 0)} and _syncs(loop) == []
     assert loop.stats.partition("A.t", 0).records == 0
 
 
 def test_exactly_once_rejected_record_aborts_and_the_next_loop_leaves_its_partition_out() -> None:
     failed: dict[tuple[str, int], str] = {}
-    loop, producer = _eos_loop(failed, careful={("t", 1)})
+    loop, producer = _eos_loop(failed, per_record_reports={("t", 1)})
     loop.assign([NewPartition("t", 0, "A.t"), NewPartition("t", 1, "A.t")], {})
     producer.outcome = lambda r: (
         KafkaError(KafkaError.MSG_SIZE_TOO_LARGE) if r.partition() == 1 else None

@@ -15,7 +15,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from mm2py.compat.schema_framing import header
 from mm2py.replication.copy_loop import CopyLoop, NewPartition
 from mm2py.replication.schemas import SchemaTranslator
-from mm2py.replication.stats import ReplicationStats
+from mm2py.replication.stats import ReplicationStats, SchemaStats
 from tests.unit.replication.test_copy_loop import (
     FakeConsumer,
     FakeProducer,
@@ -105,7 +105,9 @@ def _framed(schema_id: int, payload: bytes = b"\x02\x06abc") -> bytes:
     return header(schema_id) + payload
 
 
-def _loop(source: MemoryRegistry, target: MemoryRegistry) -> tuple[CopyLoop, FakeProducer]:
+def _loop(
+    source: MemoryRegistry, target: MemoryRegistry, stats: SchemaStats | None = None
+) -> tuple[CopyLoop, FakeProducer]:
     producer = FakeProducer()
     loop = CopyLoop(
         "A->B",
@@ -116,7 +118,7 @@ def _loop(source: MemoryRegistry, target: MemoryRegistry) -> tuple[CopyLoop, Fak
         None,
         ReplicationStats("A", "B"),
         {},
-        schemas=SchemaTranslator("A->B", source, target),
+        schemas=SchemaTranslator("A->B", source, target, stats=stats),
     )
     return loop, producer
 
@@ -125,7 +127,8 @@ def test_framed_keys_and_values_get_the_targets_ids_and_nothing_else_changes() -
     source, target = MemoryRegistry(), MemoryRegistry(first_id=100)
     value_id = source.register_schema("t-value", _avro("V"))
     key_id = source.register_schema("t-key", _avro("K"))
-    loop, producer = _loop(source, target)
+    stats = SchemaStats()
+    loop, producer = _loop(source, target, stats)
     loop.assign([NewPartition("t", 0, "A.t")], {})  # copies t's subjects up front
     assert target.subjects == {"A.t-key": [100], "A.t-value": [101]}
     records = [
@@ -140,7 +143,7 @@ def test_framed_keys_and_values_get_the_targets_ids_and_nothing_else_changes() -
         (b"\x00\x01", b"plain"),
         (_framed(100), None),
     ]
-    assert loop._schemas is not None and loop._schemas.stats.ids_translated == 3
+    assert stats.ids_translated == 3
 
 
 def test_an_unresolvable_id_stops_its_partition_naming_the_record(
@@ -148,7 +151,8 @@ def test_an_unresolvable_id_stops_its_partition_naming_the_record(
 ) -> None:
     source, target = MemoryRegistry(), MemoryRegistry(first_id=100)
     value_id = source.register_schema("t-value", _avro("V"))
-    loop, producer = _loop(source, target)
+    stats = SchemaStats()
+    loop, producer = _loop(source, target, stats)
     loop.assign([NewPartition("t", 0, "A.t"), NewPartition("t", 1, "A.t")], {})
     loop.consumer.queued += [
         Record("t", 0, 0, _framed(value_id)),
@@ -166,7 +170,7 @@ def test_an_unresolvable_id_stops_its_partition_naming_the_record(
         (1, _framed(100)),
     ]
     assert ("t", 0) in loop.consumer.paused
-    assert loop._schemas is not None and loop._schemas.stats.failures == 1
+    assert stats.failures == 1
 
 
 def test_references_point_at_the_targets_versions_and_subjects_follow_the_remote_topic() -> None:
