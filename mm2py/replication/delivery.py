@@ -10,7 +10,8 @@ reports of one partition come in order (idempotent producer). Invariants:
 - D. A partition with a run not proven gets a report per record (`per_record_reports`) for
   as long as the caller keeps the set.
 - E. The proof talks to no client: what follows from a report (an offset sync, records
-  counted, copying again, a loop-ending failure) goes to its `Committer`.
+  counted, copying again, a loop-ending failure) goes to its `ProofOutcomes` (the loop's
+  committer, mm2py.replication.committers).
 A run's state is (first source offset, count, first target offset), nothing per record, so
 a copier of whole record batches can prove them here too.
 """
@@ -21,16 +22,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, TopicPartition
 
 from mm2py.logs import partition_fields
 from mm2py.replication.offset_syncs import SyncRule
 from mm2py.replication.stats import PartitionStats
-
-if TYPE_CHECKING:
-    from mm2py.replication.committers import Committer
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +39,31 @@ NONE_UNPROVEN = 2**62
 OPEN_RUN = 2**62
 # Called when the target rejected a record: (partition, source offset, reason, record size).
 StopPartition = Callable[["PartitionState", int, str, int], None]
+
+
+class ProofOutcomes(Protocol):
+    """Where what the proof finds goes; `Committer` implements it per delivery mode."""
+
+    @property
+    def aborting(self) -> bool:
+        """Whether what is in flight will be dropped whatever its reports say."""
+
+    def fail(self, reason: str, replace: bool = False) -> None:
+        """The loop must end (the part restarts)."""
+
+    def on_copied(
+        self, stats: PartitionStats, count: int, first_ts: int, last_ts: int, now: float
+    ) -> None:
+        """`count` more records proven, timestamps `first_ts`..`last_ts` (ms), at `now`."""
+
+    def on_sync(self, state: PartitionState, upstream: int, downstream: int) -> None:
+        """An offset sync the proof found."""
+
+    def copy_again(self, state: PartitionState, offset: int) -> str:
+        """`state`'s partition must be copied again from `offset`; says how."""
+
+    def not_proven(self, reason: str) -> None:
+        """Records were sent that are not proven (`reason` names them)."""
 
 
 @dataclass
@@ -162,7 +185,7 @@ class DeliveryProof:
         self,
         flow_name: str,
         target_alias: str,
-        committer: Committer,
+        committer: ProofOutcomes,
         stop_partition: StopPartition,
         per_record_reports: set[SourcePartition] | None = None,
     ) -> None:
