@@ -162,7 +162,8 @@ def test_kill_9_while_copying_leaves_every_record_once_and_syncs_on_committed_co
         assert (
             by_offset_b[(sync.partition, downstream)] == by_offset_a[(sync.partition, upstream)]
         ), where
-    # And translation through them never points past a record's copy; exact ones at it.
+    # And translation through them never points past a record's copy; exact ones at it
+    # (for a consumer: nothing visible in between).
     store = read_offset_syncs(cluster_a.client_properties(), "A", SYNCS_TOPIC)
     assert store is not None
     copies = {(p, value): offset for (p, offset), value in by_offset_b.items()}
@@ -175,7 +176,14 @@ def test_kill_9_while_copying_leaves_every_record_once_and_syncs_on_committed_co
         where = f"{topic}-{p} offset {offset}: {found}, copy at {copy}"
         assert found.downstream <= copy, where
         if found.exact:
-            assert found.downstream == copy, where
+            # Exact: a read_committed consumer that seeks there reads this copy first.
+            # Mostly it is the copy's own offset. Where a position sync (P, d + 1) is
+            # the last word on P (the node was killed after the commit that copied P's
+            # record, before that commit's syncs were sent), d + 1 is the previous
+            # transaction's commit marker, which no consumer sees (seen: 3126, copy
+            # at 3127).
+            first_visible = min(o for q, o in by_offset_b if q == p and o >= found.downstream)
+            assert first_visible == copy, where
             exact += 1
     print(f"{exact} of {len(by_offset_a)} offsets translate exactly")
 
