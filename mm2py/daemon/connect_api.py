@@ -1,26 +1,17 @@
 """Kafka Connect's REST API over the daemon's flows, as a Connect worker running MM2 answers.
 
-    GET  /                                      version, commit, kafka_cluster_id
-    GET  /connectors                            names; ?expand=status and/or ?expand=info
-    GET  /connectors/{c}                        name, config, tasks, type
-    GET  /connectors/{c}/config                 the flow's MM2 settings, secrets "[hidden]"
-    GET  /connectors/{c}/status                 connector and task states, worker_id, trace
-    GET  /connectors/{c}/tasks                  each task's config (task.assigned.partitions)
-    GET  /connectors/{c}/tasks/{t}/status       one task's state
-    GET  /connectors/{c}/offsets                KIP-875, read from the flow's progress in Kafka
-    GET  /connector-plugins                     MM2's three connector classes
-    PUT  /connectors/{c}/pause, /resume         202 (the flow as a whole: `pause_target`)
-    POST /connectors/{c}/restart                204; 202 with the status given includeTasks or
-                                                onlyFailed (Connect's RestartRequest)
-    POST /connectors/{c}/tasks/{t}/restart      204
+Routes (`router`): GET /, /connectors (?expand=status|info), /connectors/{c}, its
+/config, /status, /tasks, /tasks/{t}/status and /offsets (KIP-875, from the flow's
+progress), /connector-plugins; PUT /connectors/{c}/pause|resume (202); POST
+/connectors/{c}/restart (204, or 202 with a status) and /tasks/{t}/restart (204).
 
-Writes mm2py cannot honour (its config file defines the connectors) answer 409, as
-Connect answers a request that conflicts with the worker's state: creating,
-reconfiguring, stopping or deleting a connector, altering its offsets (Connect: only
-while STOPPED, which mm2py's connectors never are). Errors are `Problem`s
-(mm2py.daemon.problems). A connector named with `A-B` in place of `A->B` is found when
-that names one flow, as on /flows. The endpoints read the daemon through the app's
-`LocalWorker` (mm2py.daemon.connect_worker) alone.
+Invariants:
+- writes mm2py cannot honour (its config file defines the connectors) answer 409, as
+  Connect answers a request that conflicts with the worker's state;
+- pause and resume act on the flow as a whole (`pause_target`);
+- errors are `Problem`s (mm2py.daemon.problems); `A-B` names `A->B` when that is one flow;
+- the endpoints read the daemon through the app's `LocalWorker` (connect_worker) alone.
+Design: docs/design/rest-api.md.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the endpoints' annotations.
