@@ -10,7 +10,7 @@ Each system copies its own pre-filled topic from A to B: `mm2py backfill` with
 `--master local[1]`, `local[2]` and a standalone master with two workers of one core
 each (mm2py.dev.spark; its executors run the packed Python the backfill ships), and
 `mm2py run` (the daemon) starting from the earliest offset. The copy rate is
-measured as bench.replication measures it (bench.common.watch_copy), from B's high
+measured as bench.replication measures it (bench.replicators.watch_copy), from B's high
 watermarks: (records - records seen at the first sample that shows any) / (time
 from that sample to the one showing all), so start-up (the JVM and Python workers
 of Spark, the daemon's imports) is excluded from records/s and reported apart
@@ -46,24 +46,8 @@ from typing import Any, Final
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from bench.common import (
-    MIB,
-    ProcessCpu,
-    ReplicatorError,
-    Running,
-    ToolError,
-    Workload,
-    bench_topic,
-    cpu_per_million,
-    create_topic,
-    delete_topics,
-    emit,
-    end_offsets,
-    logs_dir,
-    prefill,
-    running_command,
-    watch_copy,
-)
+from bench.perf_tools import ToolError, prefill
+from bench.processes import ProcessCpu
 from bench.replication import (
     MM2PY,
     bench_clusters,
@@ -72,6 +56,10 @@ from bench.replication import (
     result_line,
     topic_properties,
 )
+from bench.replicators import ReplicatorError, Running, running_command, watch_copy
+from bench.report import emit, logs_dir
+from bench.topics import bench_topic, create_topic, delete_topics, end_offsets
+from bench.workload import MIB, Workload, cpu_per_million
 from mm2py.backfill.environment import packed_environment
 from mm2py.dev.jars import fetch_jars
 from mm2py.dev.launcher import LocalCluster

@@ -15,7 +15,7 @@ start-up and the first tasks' moves between nodes are left out (records a task
 copied before its pause are counted before the window). The window runs from the
 first look at B's end offsets that sees the copy going again to the first that sees
 every record. CPU: the user+sys CPU-seconds of the node processes and their task
-processes (from /proc/<pid>/stat, bench.common.ProcessCpu) over the same window, per
+processes (from /proc/<pid>/stat, bench.processes.ProcessCpu) over the same window, per
 million records copied in it (``node_processes_cpu_s_per_m_records``: the node
 processes' own share, without their tasks), and what the paused cluster used a second
 before (``idle_cpu_s_per_s``: the clients' threads, the once-per-flow parts; paid
@@ -65,30 +65,16 @@ from typing import Any, Final
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from bench.common import (
-    MIB,
-    ProcessCpu,
-    ReplicatorError,
-    Running,
-    ToolError,
-    Workload,
-    add_set_option,
-    bench_topic,
-    check_alive,
-    cpu_per_million,
-    create_topic,
-    delete_topics,
-    emit,
-    free_port,
-    load_averages,
-    logs_dir,
-    prefill,
-    process_tree,
-    running_command,
-)
+from bench.perf_tools import ToolError, prefill
+from bench.processes import ProcessCpu
 from bench.replication import bench_clusters, topic_properties
+from bench.replicators import ReplicatorError, Running, check_alive, free_port, running_command
+from bench.report import add_set_option, emit, load_averages, logs_dir
+from bench.topics import bench_topic, create_topic, delete_topics
+from bench.workload import MIB, Workload, cpu_per_million
 from mm2py.dev.launcher import LocalCluster
 from mm2py.dev.mirrormaker import render_properties
+from mm2py.dev.processes import process_tree
 from mm2py.kafka import clients
 from mm2py.runtime.assignment import task_of
 

@@ -37,8 +37,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from bench.common import delete_topics, emit, load_averages, logs_dir
 from bench.replication import bench_clusters
+from bench.report import emit, load_averages, logs_dir
+from bench.topics import delete_topics
 from mm2py.dev.launcher import LocalKafka
 from tests.faults_scenario import MODES, SEED, Mode, Outcome, ScenarioError, run_scenario
 

@@ -87,19 +87,10 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.cimpl import NewTopic
 
 import mm2py
-from bench.common import (
-    ProcessCpu,
-    ReplicatorError,
-    Running,
-    check_alive,
-    delete_topics,
-    emit,
-    free_port,
-    load_averages,
-    local_clusters,
-    logs_dir,
-    running_command,
-)
+from bench.processes import ProcessCpu
+from bench.replicators import ReplicatorError, Running, check_alive, free_port, running_command
+from bench.report import emit, load_averages, logs_dir
+from bench.topics import delete_topics, local_clusters
 from mm2py.dev.launcher import LocalCluster, LocalKafka
 from mm2py.dev.mirrormaker import mm2_properties, render_properties
 from mm2py.kafka import clients

@@ -42,18 +42,10 @@ import urllib.request
 from typing import Any, Final
 
 import mm2py
-from bench.common import (
-    ReplicatorError,
-    add_set_option,
-    delete_topics,
-    emit,
-    free_port,
-    load_averages,
-    local_clusters,
-    logs_dir,
-    running_command,
-)
 from bench.many_topics import fill_source, watch_remote
+from bench.replicators import ReplicatorError, free_port, running_command
+from bench.report import add_set_option, emit, load_averages, logs_dir
+from bench.topics import delete_topics, local_clusters
 from mm2py.dev.launcher import LocalCluster
 from mm2py.dev.mirrormaker import mm2_properties, render_properties
 from mm2py.kafka import clients

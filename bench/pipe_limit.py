@@ -25,7 +25,7 @@ the fastest tool and client settings found for it alone:
    the fastest alone took several): the producing half's tool, settings and processes write
    the workload into a fresh topic on B while the consuming half's read the pre-filled
    topic on A, started together. Every tool reports its measured window in wall-clock
-   time (bench.common.Window: librdkafka prints its epoch start and end;
+   time (bench.perf_tools.Window: librdkafka prints its epoch start and end;
    ConsumerPerformance prints its start and end times and its group join;
    ProducerPerformance prints its summary as its own timing ends, so its window ends
    when that line arrives and starts its elapsed time earlier). The rate is the
@@ -68,22 +68,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from bench.common import (
-    MIB,
-    STANDARD_WORKLOADS,
-    Throughput,
+from bench.perf_tools import (
     ToolRun,
     Window,
-    Workload,
     alone_throughput,
-    bench_topic,
     check_consumed,
     check_produced,
     consumer_performance_run,
-    create_topic,
-    delete_topics,
-    load_averages,
-    local_clusters,
     prefill,
     producer_performance_runs,
     rdkafka_consumer_run,
@@ -92,6 +83,9 @@ from bench.common import (
     span,
     throughput_over,
 )
+from bench.report import load_averages
+from bench.topics import bench_topic, create_topic, delete_topics, local_clusters
+from bench.workload import MIB, STANDARD_WORKLOADS, Throughput, Workload
 from mm2py.dev.launcher import LocalCluster
 from mm2py.parts.source import PRODUCER_TUNING
 

@@ -67,7 +67,7 @@ import sys
 from pathlib import Path
 
 # `python bench/replication.py` (as `make bench` runs it) puts bench/ on sys.path, not
-# the repository root that `import bench.common` needs.
+# the repository root that `import bench.workload` needs.
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -89,36 +89,28 @@ from typing import Any, Final
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from bench.common import (
-    MIB,
-    STANDARD_WORKLOADS,
+from bench.perf_tools import ToolError, check_produced, prefill, producer_performance
+from bench.pipe_limit import pipe_limit
+from bench.processes import PeakRss, ProcessCpu
+from bench.replicators import (
     Copy,
-    PeakRss,
-    ProcessCpu,
     ReplicatorError,
     Running,
-    ToolError,
-    Workload,
-    add_set_option,
-    bench_topic,
     check_alive,
-    check_produced,
-    count_records,
-    cpu_per_million,
-    create_topic,
-    delete_topics,
-    emit,
-    end_offsets,
     free_port,
-    load_averages,
-    local_clusters,
-    logs_dir,
-    prefill,
-    producer_performance,
     running_command,
     watch_copy,
 )
-from bench.pipe_limit import pipe_limit
+from bench.report import add_set_option, emit, load_averages, logs_dir
+from bench.topics import (
+    bench_topic,
+    count_records,
+    create_topic,
+    delete_topics,
+    end_offsets,
+    local_clusters,
+)
+from bench.workload import MIB, STANDARD_WORKLOADS, Workload, cpu_per_million
 from mm2py.cache import cache_root
 from mm2py.config.models import DEFAULT_TRANSACTION_INTERVAL_MS
 from mm2py.dev.launcher import PORT_OFFSET_VARIABLE, LocalCluster, LocalKafka, broker_port
@@ -277,7 +269,7 @@ def bench_clusters(
             file=sys.stderr,
         )
         return local_clusters(["A", "B"]), None
-    # bench.common.local_clusters (used by bench.pipe_limit) must find these clusters.
+    # bench.topics.local_clusters (used by bench.pipe_limit) must find these clusters.
     os.environ["MM2PY_LOCAL_DIR"] = str(state_dir)
     kafka = LocalKafka(state_dir)
     print(f"note: starting fresh clusters A and B under {state_dir}", file=sys.stderr)
@@ -343,7 +335,7 @@ def replicating(
 
 
 def _end_offsets(cluster: LocalCluster, topic: str, timeout: float = 60.0) -> dict[int, int]:
-    """bench.common.end_offsets, retried while a partition has no leader.
+    """bench.topics.end_offsets, retried while a partition has no leader.
 
     The local clusters may be shared: another user's test may restart one mid-run.
     """

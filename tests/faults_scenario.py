@@ -38,7 +38,6 @@ import os
 import random
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -54,7 +53,7 @@ from mm2py.dev.processes import process_tree
 from mm2py.kafka import clients
 from mm2py.runtime.assignment import CLASSIC_SESSION_TIMEOUT_MS
 from tests.daemon_harness import RunningDaemon, mm2_properties, running_daemon
-from tests.kafka_helpers import create_topic, read_all
+from tests.kafka_helpers import LiveProducer, create_topic, read_all
 
 Mode = Literal["at-least-once", "exactly-once"]
 MODES: tuple[Mode, ...] = ("at-least-once", "exactly-once")
@@ -188,78 +187,6 @@ def sequence_of(partition: int, value: bytes | None) -> int | None:
         return int(seq) if int(part) == partition else None
     except ValueError:
         return None
-
-
-# -- the live producer --------------------------------------------------------------------
-
-
-class NumberedProducer:
-    """`rate` records a second over `partitions` partitions of `topic`, each value
-    `<partition>:<sequence>` numbered per partition, until stopped. Idempotent: the
-    source holds each partition's records once, in order."""
-
-    def __init__(self, cluster: LocalCluster, topic: str, partitions: int, rate: float):
-        self.cluster = cluster
-        self.topic = topic
-        self.sent = [0] * partitions
-        self.rate = rate
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="numbered-producer", daemon=True)
-
-    def _run(self) -> None:
-        producer = clients.producer(
-            self.cluster.client_properties(), {"enable.idempotence": True, "linger.ms": 5}
-        )
-
-        def on_delivery(err: Any, _msg: Any) -> None:
-            if err is not None:
-                self.errors.append(str(err))
-
-        next_round = time.monotonic()
-        while not self._stop.is_set():
-            now_ms = int(time.time() * 1000)
-            for p, seq in enumerate(self.sent):
-                while True:
-                    try:
-                        producer.produce(
-                            self.topic,
-                            value=f"{p}:{seq}".encode(),
-                            partition=p,
-                            timestamp=now_ms,
-                            on_delivery=on_delivery,
-                        )
-                        break
-                    except BufferError:  # the broker is slow or stopped: let the queue drain
-                        producer.poll(0.1)
-                self.sent[p] = seq + 1
-            producer.poll(0)
-            next_round += len(self.sent) / self.rate
-            self._stop.wait(max(next_round - time.monotonic(), 0.0))
-        if producer.flush(120) != 0:
-            self.errors.append("records still unsent 120 s after the producer stopped")
-
-    def start(self) -> NumberedProducer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> list[int]:
-        """Stop producing; once every record is acknowledged, return how many each
-        partition got."""
-        self._stop.set()
-        self._thread.join(150)
-        if self.errors or self._thread.is_alive():
-            raise ScenarioError(f"the live producer into A failed: {self.errors[:3]}")
-        return list(self.sent)
-
-    def __enter__(self) -> NumberedProducer:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
-    ) -> None:
-        self._stop.set()
-        self._thread.join(150)
 
 
 # -- processes: nodes and brokers -----------------------------------------------------------
@@ -595,7 +522,7 @@ def _run(
     create_topic(a, topic, PARTITIONS)
     config = _config(workdir, a, b, topic, mode)
     with (
-        NumberedProducer(a, topic, PARTITIONS, RATE) as producer,
+        LiveProducer(a, {topic: PARTITIONS}, RATE) as producer,
         Nodes(config, NODES, note) as nodes,
     ):
         outcome.crashes = nodes.crashes
@@ -636,7 +563,11 @@ def _run(
                 _zombie(nodes, rng, note)
         time.sleep(TAIL_S)  # the stream goes on after the last fault, as it would
         nodes.check()
-        produced = producer.stop()
+        try:
+            producer.stop()
+        except AssertionError as error:
+            raise ScenarioError(f"the live producer into A failed: {error}") from error
+        produced = producer.sent(topic)
         note(f"producer stopped: {sum(produced)} records")
         coverage = _Coverage(b, remote)
         try:

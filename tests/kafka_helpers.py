@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -235,3 +237,181 @@ def awkward_records(count: int, partitions: int) -> list[tuple[Any, ...]]:
         headers = [("h", b"\x00\x01"), ("h", f"{i}".encode()), ("empty", b""), ("n", None)]
         sent.append((i % partitions, key, value, headers, RECENT_MS + i * 1000))
     return sent
+
+
+# -- the live producer ---------------------------------------------------------------------
+
+
+ROUNDS_PER_S = 100  # a LiveProducer's rounds a second, at most
+
+
+@dataclass(frozen=True)
+class Transactions:
+    """What a `LiveProducer` writes in transactions, beside its plain records: every
+    `every`-th round opens with a transaction of `per_partition` records a partition, and
+    every `abort_every`-th transaction (the 2nd, 2nd + abort_every, ...) is aborted."""
+
+    every: int = 1
+    per_partition: int = 1
+    abort_every: int = 3
+
+
+class LiveProducer:
+    """Numbered records into every partition of its topics on `cluster`, from a thread of
+    its own, about `rate` plain records a second in all, until stopped.
+
+    Each round writes plain records to every partition (one, or as many as `rate` needs at
+    ROUNDS_PER_S rounds a second), from an idempotent producer, so
+    the source holds them once each, in sending order: value `<partition>:<n>`, n counted
+    per topic partition from 0 (`sent(topic)` once stopped), key `k<i>`, timestamps now.
+    With `transactions`, a transactional producer writes values `txn:<partition>:<i>`
+    (committed) or `aborted:<partition>:<i>` (aborted) too. `stop()` returns once every
+    record is acknowledged and asserts that none failed; `committed` counts the records a
+    read_committed reader will see (plain ones once acknowledged), `aborted` the others.
+    Leaving its `with` block stops it (and asserts, unless the block raised).
+    """
+
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        topics: dict[str, int],
+        rate: float = 200.0,
+        transactions: Transactions | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.rate = rate
+        self.transactions = transactions
+        self.committed = 0
+        self.aborted = 0
+        self.errors: list[str] = []
+        self._transactional = 0  # records written in transactions, for their values
+        self._sent = {topic: [0] * partitions for topic, partitions in topics.items()}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread()  # started by start()
+
+    def add(self, topic: str, partitions: int) -> None:
+        """Produce into `topic` too from now on."""
+        with self._lock:
+            self._sent[topic] = [0] * partitions
+
+    def sent(self, topic: str) -> list[int]:
+        """How many plain records each partition of `topic` was sent."""
+        with self._lock:
+            return list(self._sent[topic])
+
+    def wait_committed(self, count: int) -> None:
+        """Wait until `count` records are committed (or the producer failed)."""
+        wait_until(lambda: self.committed >= count or self.errors, what=f"{count} produced")
+
+    def _on_delivery(self, err: Any, _msg: Any) -> None:
+        if err is None:
+            self.committed += 1
+        else:
+            self.errors.append(str(err))
+
+    def _run(self, plain: Any, txn: Any) -> None:
+        try:
+            i = 0
+            next_round = time.monotonic()
+            for round_ in range(1 << 62):
+                if self._stop.is_set():
+                    break
+                with self._lock:
+                    topics = [(topic, len(sent)) for topic, sent in self._sent.items()]
+                mix = self.transactions
+                if txn is not None and mix is not None and round_ % mix.every == 0:
+                    self._transaction(txn, topics, round_ // mix.every % mix.abort_every != 1)
+                # At most ROUNDS_PER_S rounds a second: a fast producer writes several
+                # records a partition each round rather than waking up more often.
+                total = sum(p for _t, p in topics)
+                each = max(1, int(self.rate / ROUNDS_PER_S / max(total, 1)))
+                for topic, partitions in topics:
+                    for p in range(partitions):
+                        with self._lock:
+                            first = self._sent[topic][p]
+                        for n in range(first, first + each):
+                            self._produce(plain, topic, p, f"{p}:{n}", f"k{i}")
+                            i += 1
+                        with self._lock:
+                            self._sent[topic][p] = first + each
+                plain.poll(0)
+                next_round += total * each / self.rate
+                self._stop.wait(max(next_round - time.monotonic(), 0.0))
+        except Exception as exc:  # shown by stop()
+            self.errors.append(repr(exc))
+        if plain.flush(120) != 0:
+            self.errors.append("records still unsent 120 s after the producer stopped")
+
+    def _produce(self, producer: Any, topic: str, p: int, value: str, key: str) -> None:
+        now_ms = max(int(time.time() * 1000), RECENT_MS)
+        while True:
+            try:
+                producer.produce(
+                    topic,
+                    key=key.encode(),
+                    value=value.encode(),
+                    partition=p,
+                    timestamp=now_ms,
+                    on_delivery=self._on_delivery,
+                )
+                return
+            except BufferError:  # the broker is slow or stopped: let the queue drain
+                producer.poll(0.1)
+
+    def _transaction(self, txn: Any, topics: list[tuple[str, int]], commit: bool) -> None:
+        assert self.transactions is not None
+        word = "txn" if commit else "aborted"
+        count = 0
+        txn.begin_transaction()
+        for topic, partitions in topics:
+            for p in range(partitions):
+                for _ in range(self.transactions.per_partition):
+                    value = f"{word}:{p}:{self._transactional}"
+                    txn.produce(topic, value=value.encode(), partition=p)
+                    self._transactional += 1
+                    count += 1
+        end_transaction(txn, commit)
+        if commit:
+            self.committed += count
+        else:
+            self.aborted += count
+
+    def start(self) -> LiveProducer:
+        """Start producing. The transactional producer is initialised first, here: the
+        cluster's transaction coordinator is loaded before anything else needs it."""
+        props = self.cluster.client_properties()
+        plain = clients.producer(props, {"enable.idempotence": True, "linger.ms": 5})
+        txn = None
+        if self.transactions is not None:
+            first = next(iter(self._sent))
+            txn = clients.producer(props, {"transactional.id": f"live-{first}", "linger.ms": 5})
+            txn.init_transactions(30)
+        self._thread = threading.Thread(
+            target=self._run, args=(plain, txn), name="live-producer", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop producing; return once every record sent is acknowledged."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(150)
+        assert not self._thread.is_alive(), "the live producer did not stop"
+        assert not self.errors, f"the live producer failed: {self.errors[:3]}"
+
+    def __enter__(self) -> LiveProducer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.stop()
+        else:
+            self._stop.set()
+            self._thread.join(150)

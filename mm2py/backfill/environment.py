@@ -1,32 +1,18 @@
 """The Python that Spark's executors run the backfill's ranges with.
 
-On a Spark cluster each executor starts `PYSPARK_PYTHON` (or `python3`) on its own
-machine, where mm2py and confluent-kafka are usually not installed. So, unless the
-user chose otherwise, the backfill ships a packed Python environment with the job
-through `spark.archives` (Spark's documented way for Python dependencies) and points
-the executors at it. Contract:
+`executor_python(conf, python_env)` decides, in this order: a local master's own
+interpreter (or PYSPARK_PYTHON); `--python-env ARCHIVE`, shipped as
+``ARCHIVE#environment`` through `spark.archives`; the user's PYSPARK_PYTHON,
+spark.pyspark.python or spark.archives, left alone; else `packed_environment()`.
 
-- `executor_python(conf, python_env)` decides, in this order:
-  1. a local master: the driver's own interpreter (the executors are its threads),
-     or `PYSPARK_PYTHON` when set;
-  2. `--python-env ARCHIVE`: the user's packed environment (venv-pack, conda-pack, or
-     this module's), shipped as ``ARCHIVE#environment``;
-  3. `PYSPARK_PYTHON`, `spark.pyspark.python` or `spark.archives` already set: the
-     user's choice, left alone;
-  4. otherwise this interpreter and mm2py, packed by `packed_environment()`.
-- `packed_environment()` builds a relocatable environment once and reuses it: a
-  ``.tar.gz`` under ``~/.cache/mm2py/spark-env/``, named by a digest of the Python
-  version and platform, the names and versions of the packed distributions, and the
-  content of mm2py's own files (a source checkout changes without a new version).
-  Archives of other versions are removed once unused for a day.
-  It holds the interpreter itself (with its libpython and standard library, without
-  tests and tools), mm2py, and the distributions mm2py needs at run time. PySpark and
-  py4j are left out: every Spark installation puts its own on the executors' path.
-  So the executors need no Python of their own, only a C library and OpenSSL
-  compatible with this machine's (the same operating system, as a rule).
-- ``environment/bin/python`` is a small shell script that runs the packed interpreter
-  with its own libpython and standard library (``PYTHONHOME``), whatever Python the
-  executor's machine has.
+Invariants of `packed_environment()`:
+- built once per digest (Python version and platform, the packed distributions and their
+  versions, the content of mm2py's files) under ``~/.cache/mm2py/spark-env/``; archives
+  of other digests are removed after a day unused;
+- it holds the interpreter, its libpython and standard library, mm2py and its run-time
+  distributions, never PySpark or py4j (each Spark installation ships its own);
+- ``environment/bin/python`` runs the packed interpreter whatever Python the executor has.
+Design: docs/design/backfill.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,18 @@
 """Backfill planning (pure): time bounds, offset ranges, their order, progress lines.
 
-A backfill copies, per source partition, the offsets from a start to an end fixed
-when it begins:
+Per source partition a backfill copies the offsets from a start to an end fixed when it
+begins: start, the latest of the log start, the offset of `--from` and one past the
+recorded progress; end (exclusive), the last stable offset then, or the offset of
+`--until` if that comes first.
 
-- start: the latest of the log start offset, the offset of `--from` (the first
-  record with a timestamp at or after it), and one past the progress recorded in
-  ``mm2-offsets.<source>.internal`` (what the daemon or an earlier backfill copied);
-- end (exclusive): the last stable offset when the backfill starts (everything
-  before it is committed or aborted, so it never waits for open transactions), or
-  the offset of `--until` if that comes first.
-
-A partition with more than `max_range_records` offsets is split into equal
-ranges. Ranges of one partition are copied one after the other, never at the
-same time: the target appends records in arrival order, so two writers on one
-remote partition would interleave and the offset syncs could not say where each
-record landed. Parallelism comes from copying many partitions at once;
-`RangeScheduler` hands out the next range of the partition with the most work
-left, so the longest chains start first.
+Invariants:
+- a backfill never waits for open transactions (its end is a last stable offset);
+- a partition with more than `max_range_records` offsets is split into equal ranges, and
+  the ranges of one partition are copied one after the other, never at once (two writers
+  on one remote partition would interleave, and the offset syncs could not say where
+  each record landed);
+- `RangeScheduler` hands out the next range of the partition with the most work left.
+Design: docs/design/backfill.md.
 """
 
 from __future__ import annotations

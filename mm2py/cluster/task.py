@@ -1,23 +1,18 @@
 """A task of a flow: its copy loop in an OS process of its own, driven by the node.
 
-The node (`mm2py run`) holds a `TaskPart` per task it owns; the part's thread starts
-the task's process (multiprocessing's `spawn`: a fresh interpreter, no threads or
-librdkafka state inherited) and talks to it over a pipe:
+The node holds a `TaskPart` per task it owns; the part's thread starts the task's process
+(multiprocessing's `spawn`) and talks to it over a pipe: node -> task ("pause", bool),
+("restart", None), ("stop", None); task -> node a `TaskReport` every REPORT_INTERVAL and
+once at the end (changed partition statistics, failed partitions, paused, unreachable
+clusters, the error that ended it).
 
-- node -> task: ("pause", bool), ("restart", None), ("stop", None). A restart stops
-  and starts the copy loop in the same process (its clients made anew, its progress
-  recorded first), not a new process. A stop lets the copy loop finish:
-  the producer is flushed and progress recorded for every acknowledged record before
-  the process exits, so the next owner starts exactly after the last copied record.
-- task -> node, every REPORT_INTERVAL and once at the end: a `TaskReport` with the
-  statistics of the partitions whose statistics changed since the last report (an idle
-  task of 2,000 partitions sends none, where pickling them all twice a second had cost
-  its process and the node's CPU), its failed partitions, whether it is paused, the
-  clusters its clients could not reach, and the error that ended it.
-
-The task dies with its node (PR_SET_PDEATHSIG): a node killed with -9 leaves no copy
-loop behind that would go on writing after its tasks have moved. It ignores SIGINT and
-SIGTERM: the node stops it over the pipe, after flushing, whatever signal the node got.
+Invariants:
+- a restart restarts the copy loop in the same process, progress recorded first;
+- a stop flushes the producer and records progress for every acknowledged record before
+  the process exits: the next owner starts exactly after the last copied record;
+- the task dies with its node (PR_SET_PDEATHSIG) and ignores SIGINT and SIGTERM: only
+  the node stops it, over the pipe.
+Design: docs/design/task-assignment.md.
 """
 
 from __future__ import annotations

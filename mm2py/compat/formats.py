@@ -1,29 +1,17 @@
 """MM2's wire formats: offset syncs, checkpoints, heartbeats and Connect source offsets.
 
-Pure encode/decode, no I/O. Every encoder produces exactly the bytes MM2 writes, so
-mm2py and MM2 can read each other's internal topics and resume from each other.
+Pure encode/decode, no I/O. Offset syncs, checkpoints and heartbeats use Kafka's protocol
+``Schema`` types as MM2's classes do; progress records are Kafka Connect's offsets topic
+as MM2's dedicated mode writes them (`SourceProgressKey`, `encode_progress_value`,
+`partition_for_key`).
 
-The first three records use Kafka's protocol ``Schema`` types, as MM2's ``OffsetSync``,
-``Checkpoint`` and ``Heartbeat`` classes do: STRING is an INT16 big-endian byte length
-followed by that many UTF-8 bytes (at most 32767, never null); INT16/INT32/INT64 are
-big-endian two's complement; a struct is its fields concatenated in schema order.
-
-Decoding follows MM2's readers where they are lenient and is stricter only where MM2
-would produce garbage:
-
-- Trailing bytes after the last field are ignored, as ``Schema.read`` does. This is
-  also what lets a newer value version that appends fields be read as version 0.
-- A checkpoint or heartbeat value of a version other than 0 is read with the version-0
-  layout, as MM2 does in production (its ``assert version == 0`` is off without
-  ``-ea``). A negative version can only be corruption and is rejected.
-- Strings must be valid UTF-8 (Java would silently substitute U+FFFD).
-- Any error is a ``ValueError`` naming the record type, the part (key or value) and
-  the field.
-
-The fourth format is a record of Kafka Connect's offsets topic
-(``mm2-offsets.<source>.internal``) as MM2's dedicated mode writes it for
-MirrorSourceConnector: see :class:`SourceProgressKey`, :func:`encode_progress_value`
-and :func:`partition_for_key`.
+Invariants:
+- every encoder produces exactly the bytes MM2 writes (pinned by byte-level test vectors);
+- decoding is as lenient as MM2's readers (trailing bytes ignored; a version other than 0
+  read with the version-0 layout) and stricter only where MM2 would produce garbage
+  (negative versions, invalid UTF-8);
+- any decoding error is a ``ValueError`` naming the record type, key or value, and field.
+Design: docs/design/internal-topics.md.
 """
 
 from __future__ import annotations

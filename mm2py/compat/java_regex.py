@@ -1,23 +1,17 @@
-"""Java regular expressions (``java.util.regex.Pattern``) run on Python's ``re``.
+r"""Java regular expressions (``java.util.regex.Pattern``) run on Python's ``re``.
 
 MM2's topic, group and config-property patterns are Java regexes. ``java_to_python``
 rewrites one into a Python pattern with the same meaning, to be compiled with
 ``re.ASCII`` and used with ``fullmatch`` (Java's ``Matcher.matches()``). No I/O.
 
-Translated: named groups ``(?<n>...)`` and ``\\k<n>``; ``\\Q...\\E`` quoting; inline
-flags anywhere (``a(?i)b``: Java applies them up to the end of the group, Python only
-at the start); the flags ``i m s x d u U``; ``.``, ``$``, ``\\Z`` and ``\\R`` with Java's
-line terminators; ``\\z``, ``\\G``, ``\\h``, ``\\v``, ``\\e``, ``\\cX``, ``\\0ooo``,
-``\\x{h...}``; POSIX classes ``\\p{Alpha}`` etc.; class union ``[a[b]]`` and
-intersection ``[a-z&&[^aeiou]]``; numbered back-references that Java reads as fewer
-digits. Possessive quantifiers and atomic groups are Python's own (3.11).
-
-Refused with a PatternError saying which part: what Java itself refuses (``{``
-that is not a repetition, ``\\0`` without digits, a range out of order, ...), and the
-few things Python cannot express: Unicode properties ``\\p{L}``/``\\p{IsLatin}``,
-``\\X``, ``\\b{g}``, variable-length look-behind. ``\\b`` stays ASCII (Java 19+; Java 17
-also counts non-ASCII letters), and ``^``/``$`` in ``(?m)`` mode use only ``\\n``:
-topic names are ASCII without line breaks, so neither changes what a filter selects.
+Invariants:
+- a pattern is translated only when Python can express its meaning (named groups,
+  ``\Q...\E``, inline flags anywhere, Java's line terminators, POSIX classes, class
+  union and intersection, ...);
+- anything else is a PatternError naming the part: what Java refuses, and what Python
+  cannot express (``\p{L}``, ``\X``, ``\b{g}``, variable-length look-behind);
+- the remaining differences (``\b`` ASCII, ``(?m)`` with ``\n`` only) cannot change what
+  a filter selects among topic names. Design: docs/design/config.md.
 """
 
 from __future__ import annotations

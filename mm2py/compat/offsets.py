@@ -1,66 +1,18 @@
-"""Offset translation from offset syncs (pure).
+"""Offset translation from offset syncs (pure): source offset -> target offset, and back.
 
-mm2py's source part writes a sync at the first record it copies after a start,
-wherever source and target offsets stop advancing together, and for its latest
-copied record every second. So
-between two consecutive syncs (u1, d1) and (u2, d2) of a partition the copied
-records are contiguous on the target, and the first record at or after source
-offset N is on the target at
+Invariants the translation rests on (the writer, mm2py.replication.offset_syncs, keeps them):
 
-    min(d1 + (N - u1), d2)      for the last sync with u1 <= N
-
-(the `min` covers N inside a source gap: aborted records, transaction markers,
-compacted-away records; the next copied record is the one synced at d2).
-
-Past the newest sync (u, d) the syncs prove less. N = u + 1 translates to d + 1:
-the next record copied lands there. For N > u + 1 the records u+1 .. N-1 may not be
-copied yet, or copied with a gap whose sync is still on its way; counting on them
-could point past a record the group never consumed. So N is clamped to d + 1, a safe
-position: at most N - u - 1 records are read again, and none once
-the replicator's next sync covers N (it writes its latest copied record every
-second), which is why a checkpoint is re-emitted when its translation improves.
-`Translation.exact` says which of the two a result is.
-
-A source partition that ends with offsets no read_committed consumer sees
-(transaction markers, aborted records, compacted-away records) puts a group that read
-everything past the last copied record (u, d), at its end P > u + 1. Once every record
-read is copied and the source consumer's position is P, the writer syncs that position,
-(P, d + 1), marked as such (`formats.POSITION_SYNC_HEADER`): P translates exactly to
-d + 1, the target's end, and offsets between u and P too (the `min` above). No record is
-known at P itself, so past a newest position sync (P, d') every N > P translates to d',
-not exactly (not to d' + 1 for N = P + 1: P may be an aborted record's offset). MM2
-reads such a sync as any other: P -> d + 1 as well (and P + 1 -> d + 2, not knowing the mark).
-
-A writer that stops without sending its last syncs (killed after records were
-acknowledged, or after a transaction committed) leaves a span whose distance changes
-may be unsynced: the first sync a writer sends for a partition after it starts is
-marked (`formats.AFTER_START_SYNC_HEADER`), and the records between the sync before it
-and it translate as across a compaction gap (below): one past the earlier sync.
-
-The syncs topic is compacted once its records are older than the source part's
-min.compaction.lag.ms (a week): only the newest sync per partition survives from
-that old part. Where syncs may be missing between two that remain (the store sees
-a jump in the syncs topic's offsets), the records in between are not known to be
-contiguous, so offsets there translate to one past the earlier sync, inexact but
-never past an unconsumed record.
-
-Syncs written by MM2 are sparser and carry no such guarantee (after a hand-over
-between MM2 and mm2py the syncs topic holds both): mm2py marks its own syncs with
-a header, and the records between two syncs that are not both marked are treated
-like those between syncs compaction separated: one past the earlier sync.
-
-Translated back (`PartitionSyncs.upstream_position`, for a failback): a group that read
-the target copy up to target position D has read, among the source's records, exactly
-those before
-
-    min(u1 + (D - d1), u2)      for the last sync with d1 <= D
-
-between two syncs that prove contiguity (the same segments as above, read the other way;
-D inside a target gap, transaction markers, gives u2: the group read every record before
-it). D = d of a sync gives its u, and past the newest (u, d) of a copied record D = d + 1
-gives u + 1: the group read the last record copied. Anything further past the newest sync,
-or across syncs that are not both mm2py's or that compaction separated, is not proven, and
-gives one past the earlier sync (records are read again, none skipped).
+- Between two consecutive syncs (u1, d1), (u2, d2) of a partition that are both mm2py's
+  and not separated by compaction, the copied records are contiguous on the target: N
+  translates to min(d1 + (N - u1), d2) for the last sync with u1 <= N, exactly.
+- Past the newest sync (u, d): N = u + 1 -> d + 1 exactly; any further N is clamped to
+  d + 1 (inexact, never past an unconsumed record). Past a position sync (P, d'), which
+  marks the source consumer's position, every N > P -> d', inexact.
+- Across syncs not both mm2py's (MM2's, or the first after a writer's start) or across a
+  compaction gap, N translates to one past the earlier sync, inexact.
+- Back (`PartitionSyncs.upstream_position`): D -> min(u1 + (D - d1), u2) on the same
+  segments; anything unproven gives one past the earlier sync. Nothing is ever skipped.
+- `Translation.exact` says whether a result is exact. Design: docs/design/offset-translation.md.
 """
 
 from __future__ import annotations

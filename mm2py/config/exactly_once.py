@@ -1,28 +1,17 @@
 """Exactly-once, as MM2 configures it: which flows copy exactly-once, and how often they commit.
 
-MM2's keys (Kafka Connect's, KIP-618), with MM2's meaning:
+MM2's keys (Kafka Connect's, KIP-618): ``<target>.exactly.once.source.support`` =
+disabled | preparing | enabled; ``exactly.once.support`` = requested | required;
+``transaction.boundary`` = poll | interval (connector is refused, as Connect refuses it
+for MirrorSourceConnector); unset, a commit once a task caught up and at least every
+models.DEFAULT_TRANSACTION_INTERVAL_MS while behind.
 
-- ``<target>.exactly.once.source.support`` = disabled | preparing | enabled
-  (DistributedConfig, default disabled): a worker setting of the cluster the flows
-  write into; ``enabled`` turns exactly-once on for every flow into it, ``preparing``
-  copies at-least-once (MM2 prepares its workers for a rolling upgrade). mm2py also
-  takes it globally and as ``A->B.``.
-- ``exactly.once.support`` = requested | required (SourceConnectorConfig, default
-  requested; global or ``A->B.``; ``B.`` too, for flows into B). ``required`` makes a
-  flow that cannot copy exactly-once a configuration error rather than at-least-once.
-- ``transaction.boundary`` = poll | interval | connector (global or ``A->B.``): poll
-  commits after every batch read (interval 0), interval every
-  ``transaction.boundary.interval.ms``; connector is refused, as Connect refuses it
-  for MirrorSourceConnector (it defines no boundaries). Unset: a commit once a task
-  has read what the source had (as poll), and at least every
-  models.DEFAULT_TRANSACTION_INTERVAL_MS while it is behind
-  (`FlowSettings.commit_when_caught_up`).
-
-Where a key is set in several places the most specific wins: ``A->B.``, then ``B.``,
-then global. The source consumer must read committed records, as MM2's
-MirrorSourceConnector.exactlyOnceSupport says: ``A.consumer.isolation.level`` (or
-``A.isolation.level``) = read_uncommitted makes exactly-once unavailable for flows
-from A. Everything here is pure: the loader reads the keys and raises or logs.
+Invariants:
+- where a key is set in several places the most specific wins: ``A->B.``, ``B.``, global;
+- ``required`` makes a flow that cannot copy exactly-once a configuration error;
+- a source consumer reading read_uncommitted makes exactly-once unavailable for its flows;
+- everything here is pure: the loader reads the keys and raises or logs.
+Design: docs/design/exactly-once-config.md.
 """
 
 from __future__ import annotations

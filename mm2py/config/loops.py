@@ -1,21 +1,15 @@
 """Refuse two-way identity replication whose topic filters overlap (records would loop).
 
-With IdentityReplicationPolicy a remote topic keeps its name, so nothing tells a
-flow B->A that topic ``t`` on B is itself a copy from A: with both A->B and B->A
-enabled, every record of a topic both flows select travels A->B->A->B... for
-ever. MM2 accepts such a config; mm2py refuses it.
+With IdentityReplicationPolicy a remote topic keeps its name, so with A->B and B->A both
+enabled a topic both flows select travels A->B->A->B... for ever. MM2 accepts such a
+config; mm2py refuses it.
 
-The rule: a config is refused when both directions between two clusters are
-enabled, at least one of them uses the identity policy (a mixed pair loops as
-well), and there is a topic name that both flows would copy. The name is
-searched among candidates built from the ``topics`` patterns of both flows:
-the literal beginnings and endings of the patterns joined with a little in
-between (``orders.*`` gives ``orders``, ``orders-x``, ...; ``.*`` gives ``x``).
-A candidate counts when both flows' filters select it (``topics`` and
-``topics.exclude``) and it is not an internal or heartbeats topic. This finds
-every overlap of the usual kinds (equal lists, ``.*`` on either side, a name or
-prefix that the other side's pattern matches); exotic patterns that overlap
-only in odd places may pass.
+Rule: refused when both directions between two clusters are enabled, at least one uses
+the identity policy, and a topic name exists that both flows would copy. Candidates are
+built from both flows' ``topics`` patterns (their literal beginnings and endings); one
+counts when both flows' filters select it and it is not internal or heartbeats.
+Invariant: every overlap of the usual kinds is found; exotic patterns that overlap only
+in odd places may pass. Design: docs/design/config.md.
 """
 
 from __future__ import annotations

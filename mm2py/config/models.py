@@ -35,8 +35,9 @@ ExactlyOnceMode = Literal["off", "requested", "required"]
 # Unless transaction.boundary(.interval.ms) says otherwise, a task commits as soon as it has
 # copied what the source had (its last batch was not full: Connect's poll boundary, a
 # transaction per batch), and, while it is behind, at least this often: the stall of each
-# commit (~0.1 s: the next transaction registers its partitions before it sends) is spread
-# over a second of records, and a reader waits about one commit, not the interval.
+# commit (the next transaction registers its partitions before it sends; measured in
+# docs/benchmarks.md) is spread over a second of records, and a reader waits about one
+# commit, not the interval.
 DEFAULT_TRANSACTION_INTERVAL_MS = 1000
 ClientValue = str | SecretStr
 PeriodicTask = Literal[

@@ -1,10 +1,12 @@
 """What the REST APIs (mm2py's and Kafka Connect's) need from the daemon: `FlowControl`,
-implemented by `mm2py.daemon.supervisor.Daemon`. The APIs see the daemon only through it."""
+implemented by `mm2py.daemon.supervisor.Daemon`. The APIs see the daemon only through it:
+`build_app` puts it in the app's state, and an endpoint asks for it with `Control`."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Annotated, Protocol
 
+from fastapi import Depends, Request
 from prometheus_client import CollectorRegistry
 
 from mm2py.cluster.view import FlowCluster
@@ -44,3 +46,12 @@ class FlowControl(Protocol):
     def flow_parts(self, name: str) -> list[Part]:
         """The parts of flow `name` that run on this node."""
         ...
+
+
+async def flow_control(request: Request) -> FlowControl:
+    """The daemon behind the app that serves `request` (a FastAPI dependency)."""
+    control: FlowControl = request.app.state.control
+    return control
+
+
+Control = Annotated[FlowControl, Depends(flow_control)]

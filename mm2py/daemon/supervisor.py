@@ -500,8 +500,9 @@ class Daemon:
         now = time.monotonic()
         for name, stats in self.stats.items():
             window = self._latency[name]
-            # Summing every partition's buckets costs ~3 ms at 2,000 partitions: only
-            # when the window keeps a snapshot (every 5 s), not at every supervision.
+            # Summing every partition's buckets is costly with thousands of partitions
+            # (docs/benchmarks.md): only when the window keeps a snapshot (every 5 s),
+            # not at every supervision.
             if window.due(now):
                 window.record(now, _latency_counts(stats))
 

@@ -6,16 +6,9 @@ process, its log in ``<work_dir>/server.log``, its REST listener on a free port 
 127.0.0.1. Connectors are created through that REST API, named as Strimzi names MM2's
 (``A->B.MirrorSourceConnector``), with :func:`mirror_connector_config`'s settings.
 
-Observed with Kafka 4.1.1 on the local single-node clusters (2 cores):
-
-- The worker answers ``GET /`` ~3 s after launch (``plugin.discovery=service_load``: MM2's
-  connectors have ServiceLoader manifests, so the reflective classpath scan is skipped).
-- A MirrorSourceConnector shows its task RUNNING a few seconds after it was created.
-  A MirrorCheckpointConnector has no task until it finds a consumer group to checkpoint
-  (``refresh.groups.interval.seconds``): its status lists ``"tasks": []`` until then.
-- While a connector restarts, its status shows ``RESTARTING`` with ``"version": null``.
-- The worker's internal topics are created on the cluster it works in (the target); their
-  names and the group id come from `prefix`, so workers of different tests never meet.
+Invariant: the worker's internal topics (on the target) and its group id come from
+`prefix`, so workers of different tests never meet. How the worker behaves, observed:
+docs/design/dev-tools.md.
 """
 
 from __future__ import annotations

@@ -1,44 +1,17 @@
 """The real Apache Kafka MirrorMaker 2, run in dedicated mode from the cached jars.
 
-Used by compatibility tests (does mm2py resume from MM2's progress and vice versa?)
-and by benchmarks (how fast is MM2 on the same workload?). It runs
-``org.apache.kafka.connect.mirror.MirrorMaker <mm2.properties>`` as a child process,
-with its log in ``<work_dir>/server.log``.
+For compatibility tests (does mm2py resume from MM2's progress and vice versa?) and
+benchmarks: runs ``org.apache.kafka.connect.mirror.MirrorMaker <mm2.properties>`` as a
+child process, its log in ``<work_dir>/server.log``.
 
-Observed with Kafka 4.1.1 on the local single-node clusters (2 cores):
-
-- MM2 replicates ~4 s after launch with :func:`mm2_properties`' settings (~0.6 s JVM
-  start, then Connect's worker start: the three worker topics, the worker group,
-  connector configs, task start), ~7.5-8 s with Connect's default plugin discovery,
-  whose two reflective classpath scans also lift peak RSS from ~165 MiB to ~740 MiB.
-  :meth:`RealMirrorMaker.wait_replicating` waits for the line
-  ``task-thread-MirrorSourceConnector-0 replicating 2 topic-partitions A->B: [t-0, t-1].``
-  (logged by ``MirrorSourceTask.start``). A restarted MM2 first runs the connector
-  config the previous run left in ``mm2-configs.A.internal`` (its topics, not yours)
-  and restarts the task ~2 s later with the new one, hence the topic argument.
-- On the target it creates ``mm2-offsets.A.internal`` (25 partitions),
-  ``mm2-configs.A.internal`` (1), ``mm2-status.A.internal`` (5), ``heartbeats``,
-  ``A.checkpoints.internal`` and the remote topics; on the source
-  ``mm2-offset-syncs.B.internal``. The worker group on the target is ``A-mm2``.
-- A graceful stop (SIGTERM) commits the source tasks' offsets: the progress of
-  every record copied reaches ``mm2-offsets.A.internal`` even with a long
-  ``offset.flush.interval.ms``. SIGKILL loses whatever was not flushed yet. A
-  graceful stop takes ~2 s; the JVM exits with status 143 (SIGTERM), not 0.
-- Topic-config sync logs ``WARN Could not alter configuration of topic A.t.`` after
-  every sync even when it succeeded (4.1.1 warns without checking for an error; the
-  null "exception" also makes log4j complain on stdout). The configs do arrive:
-  ``retention.ms`` set on the source shows up on the remote topic within a second.
-
-- In exactly-once mode (:func:`exactly_once_settings`) the source task's producer has
-  ``transactional.id = A-mm2-MirrorSourceConnector-0`` (the heartbeat task's
-  ``A-mm2-MirrorHeartbeatConnector-0``, the leader's config writer
-  ``connect-cluster-A-mm2``) and MM2 still replicates ~4 s after launch; a graceful
-  stop commits the open transaction, records and progress together.
-
-Two MM2 processes with the same source alias and target cluster join the same
-Connect group and share internal topics, which without internal REST breaks both.
-:class:`RealMirrorMaker` therefore holds a per-(target, worker group) file lock while
-it runs, so concurrent tests on one machine take turns instead.
+Invariants:
+- `RealMirrorMaker.wait_replicating` returns once MM2's source task logs that it
+  replicates the given topic's partitions (not a restarted MM2's previous config);
+- a graceful stop (SIGTERM) commits the source tasks' offsets (in exactly-once mode, the
+  open transaction); SIGKILL loses what was not flushed;
+- one MM2 per (target, worker group) at a time on a machine: a file lock makes
+  concurrent runs take turns, since two would share one Connect group and its topics.
+What MM2 creates and how long it takes, measured: docs/design/dev-tools.md.
 """
 
 from __future__ import annotations
@@ -131,8 +104,9 @@ def mm2_properties(
         # Worker settings come only from the target cluster's prefix
         # (MirrorMakerConfig.workerConfig): flush progress every second.
         f"{tgt}.offset.flush.interval.ms": "1000",
-        # Skip Connect's reflective plugin scan (~2.3 s per scan, one for the config and
-        # one per herder); every plugin MM2 needs has a ServiceLoader manifest.
+        # Skip Connect's reflective plugin scans (one for the config and one per herder,
+        # seconds each: docs/benchmarks.md); every plugin MM2 needs has a ServiceLoader
+        # manifest.
         "plugin.discovery": "service_load",
         f"{tgt}.plugin.discovery": "service_load",
     }

@@ -1,20 +1,17 @@
 """A Spark standalone cluster on this machine, from the installed PySpark's own launcher.
 
-A master and `workers` workers, each its own JVM (`spark-class
-org.apache.spark.deploy.{master.Master,worker.Worker}`), so each executor is a JVM and
-a Python of its own, as on a real cluster. Contract:
+A master and `workers` workers, each its own JVM, so each executor is a JVM and a Python
+of its own, as on a real cluster.
 
+Invariants:
 - `start()` returns the master URL once every worker has registered, or raises
-  `LocalSparkError` with the log tail of the process that did not come up.
-- Ports: the master's RPC port 17077 and web UI 18080, the workers' UIs 18081.., all
-  moved by `MM2PY_LOCAL_PORT_OFFSET` like the local brokers'.
-- The workers run with an environment that does not lead to mm2py: without
-  PYSPARK_PYTHON, PYTHONPATH and VIRTUAL_ENV, and without this virtualenv's bin/ on the
-  PATH. Their executors start `python3`, unless the driver ships a Python.
-- `running_tasks(i)` reads worker i's executor logs for the tasks it runs now.
-- `kill_worker(i)` SIGKILLs worker i with its executor and Python workers, as the
-  loss of its machine would; `stop()` kills what is left and keeps the folder (logs,
-  and each executor's stdout/stderr under work/).
+  `LocalSparkError` with the log tail of the process that did not come up;
+- ports (master 17077, UI 18080, workers' UIs 18081..) move with MM2PY_LOCAL_PORT_OFFSET;
+- the workers' environment does not lead to mm2py (no PYSPARK_PYTHON, PYTHONPATH,
+  VIRTUAL_ENV, nor this virtualenv on the PATH): executors start `python3` unless the
+  driver ships a Python;
+- `kill_worker(i)` SIGKILLs a worker with its executor and Python workers; `stop()` kills
+  what is left and keeps the folder (logs). Design: docs/design/dev-tools.md.
 """
 
 from __future__ import annotations

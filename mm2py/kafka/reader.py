@@ -1,36 +1,19 @@
 """Reading partitions to a known end, then following them: the one reader of internal topics.
 
-`TopicReader` owns one consumer (built by `mm2py.kafka.clients`) and is what every
-part and tool uses to read MM2's internal topics (offset syncs, checkpoints,
-progress, heartbeats) and any partition that must be read up to a known offset (as
-MM2's KafkaBasedLog does for Connect):
+`TopicReader` owns one consumer (from `mm2py.kafka.clients`) and reads MM2's internal
+topics and any partition that must be read up to a known offset, as MM2's KafkaBasedLog:
+`add_topic`/`add` note where to start and end, `read_to_end(on_record)` hands over every
+record up to the ends, `read(on_record)` what arrived since (following).
 
-- `add_topic(topic)` starts reading every partition of a topic from its beginning and
-  notes the end offsets the partitions have now; `add(starts, ends)` does the same for
-  given partitions, start offsets and end offsets.
-- `read_to_end(on_record)` hands every record up to those end offsets to
-  `on_record`, then returns; `read(on_record)` hands over whatever arrived since the
-  last call (following), waiting at most `timeout` for the first record.
-- A partition has reached its end once the record just before its end offset was
-  read, or once the consumer says it is at the end of the partition: the last offsets
-  of a log may hold nothing a reader gets (transaction markers, aborted or compacted
-  records).
-- With `past_open_transactions` (a read_committed reader given end offsets past
-  transactions still open, e.g. read_uncommitted high watermarks), the end of the
-  partition counts only at or past the end offset: the read waits until those
-  transactions are committed or aborted, so nothing committed before it is missed.
-- With `stop_at_end`, records at or past a partition's end are not handed over (a
-  bounded read: verify compares up to a snapshot); otherwise they are, so a reader
-  that goes on following loses nothing.
-- Records of partitions no longer assigned (left in the consumer's queue before a
-  `clear()`) are never handed over.
-
-Failures raise `ReaderError` (an `Mm2pyError`: the CLI prints it as one line), whose
-message names the topic, partition and cluster; running out of time raises
-`ReaderTimeout` (also a `TimeoutError`). A non-fatal
-error of the client as a whole (a broker connection lost) is left to librdkafka,
-which retries; it goes to `on_error` when one is given and is named in a timeout's
-message.
+Invariants:
+- a partition is at its end once the record before its end offset was read or the
+  consumer reports the partition's end (markers, aborted, compacted records hold none);
+- with `past_open_transactions`, the end counts only at or past the end offset, so
+  nothing committed before it is missed;
+- with `stop_at_end`, nothing at or past an end is handed over; otherwise it is;
+- records of partitions no longer assigned are never handed over;
+- failures raise `ReaderError` naming topic, partition and cluster; timeouts `ReaderTimeout`.
+Design: docs/design/internal-topics.md.
 """
 
 from __future__ import annotations

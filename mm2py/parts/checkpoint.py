@@ -1,48 +1,19 @@
 """The checkpoint part of a flow A->B: consumer-group positions on A, translated for B.
 
-As MM2's MirrorCheckpointConnector and MirrorCheckpointTask:
+As MM2's MirrorCheckpointConnector/Task: lists the source groups that pass the filters
+(every refresh.groups.interval.seconds), translates their committed offsets with the
+offset syncs and writes a checkpoint per remote partition to
+``<source>.checkpoints.internal`` (every emit.checkpoints.interval.seconds); with
+sync.group.offsets.enabled, commits them to the group on the target.
 
-- every ``refresh.groups.interval.seconds`` it lists the groups on the source that
-  pass ``groups``/``groups.exclude`` and have committed offsets for at least one
-  topic passing ``topics``/``topics.exclude``;
-- every ``emit.checkpoints.interval.seconds`` it reads those groups' committed
-  offsets, translates them with the offset syncs (tailed from
-  ``mm2-offset-syncs.<target>.internal``) and writes a checkpoint (MM2's format)
-  per remote partition to ``<source>.checkpoints.internal`` on the target;
-- with ``sync.group.offsets.enabled`` it commits the checkpoints to the same group
-  on the target every ``sync.group.offsets.interval.seconds``, but only while that
-  group has no members there and never moving it backwards.
-
-A checkpoint is written when it is the first for its group and partition, when the
-group was rewound on the source, or when its target offset is later than the last
-one: the existing checkpoints are loaded at start, so restarts never move a
-checkpoint back. Translation is exact (:mod:`mm2py.compat.offsets`); a group ahead of
-the offset syncs gets a safe checkpoint first and an exact one as soon as the syncs
-cover its offset: the offsets read at the last emission are translated again whenever
-new syncs arrive, and the checkpoints that became exact are written then, not at the
-next emission (`proven_by_new_syncs`). So the exact checkpoint follows the
-replicator's sync by the time it takes to read and write it (issue 24: it had waited
-up to a whole interval more, and translate-offsets found the safe one).
-
-What a group that fails over with these checkpoints reads twice, at worst, on any
-topic (plain, compacted or transactional) replicated by mm2py:
-
-- nothing, once the checkpoint of its last commit is exact (translate-offsets
-  shows it as ``ok``): the replicator syncs its latest copied record every second
-  and the exact checkpoint is written as soon as that sync is read;
-- before that, the records between the newest offset sync and the group's offset
-  (the checkpoint points one past the newest sync);
-- what it consumed after its last checkpoint was written (up to one emit interval),
-  as with MM2: a checkpoint only knows the commits it saw;
-- for offsets in a stretch of the syncs topic that compaction thinned out (older
-  than a week), the records between the surviving sync and the group's offset.
-
-It never skips a record it did not consume. ``mm2py_checkpoint_latency_seconds``
-measures the first item: from the moment this part first reads a group's new
-committed offset to the moment the target acknowledges the exact checkpoint for it.
-With ``metrics.mm2.names.enabled`` MM2's own checkpoint latency is kept too, as MM2
-takes it: from a checkpoint record's timestamp (when it was made) to the target
-acknowledging it, per group and remote partition.
+Invariants:
+- a checkpoint never moves back: written when first, when the group was rewound on the
+  source, or when its target offset is later (existing ones are loaded at start);
+- a safe checkpoint is replaced by the exact one as soon as new syncs prove it
+  (`proven_by_new_syncs`), not at the next emission;
+- group offsets are committed on the target only while the group has no members there,
+  and never backwards; a failing-over group never skips a record it did not consume.
+Design and what a group may read twice: docs/design/parts.md.
 """
 
 from __future__ import annotations

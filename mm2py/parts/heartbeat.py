@@ -1,35 +1,16 @@
 """The heartbeat part of a pair A->B: emit heartbeats to B and watch the ones that reach B.
 
-Emitting is MM2's MirrorHeartbeatConnector/Task: every
-``emit.heartbeats.interval.seconds`` a ``Heartbeat(A, B, now)`` goes to partition 0
-of ``heartbeats`` on B, with the heartbeat's timestamp as the record timestamp.
-The topic is created on B when missing: one partition, compacted,
-``heartbeats.topic.replication.factor``. MM2 runs this for every ordered pair of
-clusters, replication enabled or not, so that ``heartbeats`` on every cluster
-keeps being written to.
+Emitting is MM2's MirrorHeartbeatConnector/Task: every emit.heartbeats.interval.seconds a
+``Heartbeat(A, B, now)`` goes to partition 0 of ``heartbeats`` on B (created when
+missing: one partition, compacted), for every ordered pair, replicating or not.
 
-Watching gives multi-hop latency. ``heartbeats`` is replicated like any topic
-(``heartbeats`` on A becomes ``A.heartbeats`` on B, then ``B.A.heartbeats`` on C)
-and keeps its record timestamps, so on a cluster T the newest heartbeat of a
-heartbeats topic tells how long ago the cluster the topic comes from was last
-heard of through that path. One heartbeat part per target cluster consumes every
-heartbeats topic on T continuously and exports
-
-    mm2py_heartbeat_age_seconds{source=S, target=T, hops=N}
-
-= now minus the newest heartbeat timestamp that reached T from S over N hops,
-computed at scrape time (so it keeps growing while a path is broken).
-
-Hops are MM2's (``MirrorClient.countHopsForTopic``, used by
-``RemoteClusterUtils.replicationHops``): they come from the topic name, and the
-cluster they count from is the one where the topic's heartbeats were written —
-the innermost alias of the name, which is also the heartbeat's
-``targetClusterAlias``. So ``B.A.heartbeats`` on C is 2 hops from A (A->B->C)
-and its records are heartbeats that pairs X->A wrote into A (key ``(X, A)``);
-``A.heartbeats`` on B is 1 hop from A. The local ``heartbeats`` topic, where MM2
-would answer -1, is exported as ``source=T, hops=0``: the age of the newest
-heartbeat emitted into T itself, the floor of every other series. Two paths of the
-same length from S (A->B->D and A->C->D) share one series, the fresher one.
+Watching: one part per target T consumes every heartbeats topic on T and exports
+``mm2py_heartbeat_age_seconds{source, target, hops}``. Invariants:
+- hops are MM2's (`countHopsForTopic`): from the topic name, counted from its innermost
+  alias; the local ``heartbeats`` is ``source=T, hops=0``;
+- the age is computed at scrape time, so it keeps growing while a path is broken;
+- paths of the same length from one source share a series, the fresher one.
+Design: docs/design/parts.md.
 """
 
 from __future__ import annotations

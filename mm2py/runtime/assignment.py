@@ -1,39 +1,19 @@
 """How a flow's work is split into tasks and spread over the nodes of an mm2py cluster.
 
-Nodes: every `mm2py run` with the same config is a member of one consumer group per
-flow on the flow's target cluster (`mm2py.config.rules.group_id`), subscribed to a
-small internal topic (`tasks_topic`) that has one partition per task. Kafka's group
-protocol decides which member owns which partition, so it decides which node runs
-which task: membership, failure detection and balancing are the group coordinator's,
-nothing of mm2py's own.
-Under the KIP-848 `consumer` protocol and under `classic` with `cooperative-sticky`
-the moves are incremental: a node gives a task up (its copy loop stopped, flushed and
-its progress recorded) before the task is handed to another node, so a planned move
-loses and repeats nothing; a node that dies loses its tasks when its group session
-expires, and they resume elsewhere from the last recorded progress.
+Nodes of one config form one consumer group per flow on the flow's target
+(`mm2py.config.rules.group_id`), subscribed to `tasks_topic`, one partition per task:
+the group coordinator alone decides which node runs which task, and that a node is gone.
+`choose_protocol` picks KIP-848 `consumer` only where the brokers' session is no longer
+than CLASSIC_SESSION_TIMEOUT_MS, else `classic` with cooperative-sticky.
 
-Failover time is the group session, so ``cluster.group.protocol = auto`` chooses the
-protocol by it (`choose_protocol`). Under `consumer` the broker alone sets the session
-(``group.consumer.session.timeout.ms``: 45 s in Kafka 4.x, and 45 s is also its
-minimum, so a managed or default broker gives 45 s and a client cannot ask for less).
-Under `classic` the client sets it, down to the broker's
-``group.min.session.timeout.ms`` (6 s by default). So `auto` takes `consumer` only
-where the brokers offer it with a session no longer than CLASSIC_SESSION_TIMEOUT_MS,
-and otherwise `classic` with cooperative-sticky and that session: on default Kafka 4
-brokers a dead node's tasks move after 10 s rather than 45 s. Either way the group
-coordinator alone decides that a member is gone.
-
-Tasks: a source partition belongs to task `task_of(topic, partition, tasks)`, a pure
-function of the partition and the task count. The partitions of one topic go round
-the tasks from a starting task that depends on the topic's name only, so a topic's
-partitions spread evenly, and a new topic or new partition never moves a partition
-that is already copied: nothing already running changes task. (MM2 instead deals the
-flow's whole sorted partition list round-robin anew on every change, and restarts every
-task each time.) Task 0 also does the flow's once-per-flow work: creating remote
-topics, and on its node the checkpoint, heartbeat and config/ACL sync parts.
-
-The tasks topic's name carries the task count, so changing ``tasks.max`` starts a new
-set of tasks rather than reusing partitions meant for another split.
+Invariants:
+- a source partition's task is `task_of(topic, partition, tasks)`, a pure function of the
+  partition and the task count; a new topic or partition never moves a copied partition;
+- a planned move is incremental: a node stops, flushes and records its task's progress
+  before the task is handed on; a dead node's tasks resume from recorded progress;
+- task 0 does the once-per-flow work (remote topics, checkpoint, heartbeat, sync);
+- the tasks topic's name carries the task count: a new tasks.max is a new set of tasks.
+Design: docs/design/task-assignment.md.
 """
 
 from __future__ import annotations

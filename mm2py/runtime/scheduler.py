@@ -1,21 +1,17 @@
 """Periodic work of a part, run on the part's own thread (as MM2's Scheduler).
 
-A part adds named jobs with `add(name, job, interval)`. Then either `run(stopping)`
-runs them until the event is set (or no job is left), or a part whose loop has a
-rhythm of its own (it polls a consumer) calls `run_due()` once per turn and waits at
-most the seconds it returns.
+A part adds named jobs with `add(name, job, interval)`, then calls `run(stopping)` or,
+when its loop has a rhythm of its own, `run_due()` once per turn (waiting at most the
+seconds it returns).
 
-Timing: a job first runs `delay` seconds after it was added (at once by default),
-then every `interval` seconds counted from when it was due, not from when it ran;
-after a run more than one interval late (the part was busy) the rhythm starts again
-from that run, so there is never a burst of runs to catch up. `interval=None` runs a job once. Jobs
-due together run in the order they were added; a job may add or remove jobs, and a
-job it adds that is due at once runs in the same `run_due()`.
-
-Failures: an exception of a type in the job's `retry_on` is logged with the job's
-name, counted in the scheduler's `errors` counter, and the job runs again at its
-next interval. Any other exception propagates out of `run()`/`run_due()` and so
-fails the part, which the daemon restarts with backoff.
+Invariants:
+- a job first runs `delay` seconds after it was added, then every `interval` counted
+  from when it was due; a run more than one interval late restarts the rhythm, so runs
+  never burst to catch up; `interval=None` runs once;
+- jobs due together run in the order they were added; a job may add or remove jobs;
+- an exception of a type in the job's `retry_on` is logged, counted in `errors` and
+  retried at the next interval; any other propagates and fails the part.
+Design: docs/design/runtime.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,18 @@
 """Failback: groups back to the cluster their topics came from, and the divergent tail.
 
-After a disaster failover A->B, groups on B read A's own topics through their remote
-copies there (``A.orders`` under the default policy). When A is back,
-``mm2py failover --source B --target A`` (the flow B->A, the *back flow* of A->B) moves
-them back (`tools.failover`). Their positions on B's own topics are translated as in any
-failover, by the checkpoints of B->A. Their positions on *returning* topics cannot be:
-B->A never copies a topic that came from A (a cycle), so it has no offset syncs for it,
-and MM2 writes no checkpoint for it. For those this module translates the group's
-committed offset on B itself, through the offset syncs of A->B read the other way
-(`compat.offsets.PartitionSyncs.upstream_position`):
+After a failover A->B, `mm2py failover --source B --target A` moves groups back. Their
+positions on *returning* topics (``A.orders`` on B, a copy of A's ``orders``) have no
+checkpoints (B->A never copies them: a cycle), so this module translates the group's
+offset on B through A->B's offset syncs read the other way
+(`compat.offsets.PartitionSyncs.upstream_position`).
 
-- a returning topic is a topic on B whose name says it came from A and that A->B copies
-  under that name (``A.orders`` for A's ``orders``); it goes back to ``orders`` on A;
-- a partition is ``ok`` only when the syncs prove the position exact; otherwise it is
-  ``not exact yet`` with a position at or before the group's (records read again, none
-  skipped), or ``untranslated`` when no sync covers it. The rows take the place of the
-  ``untranslated`` rows `tools.translate` gives such partitions (or of a checkpoint another
-  writer left for them: the syncs decide), so a failback is all or nothing, like a
-  failover.
-
-The divergent tail (``--diverged``): the records A took in, in its own topics that A->B
-copies (heartbeats left out: they are the replicator's own), after the last record copied
-to B. Per partition: from the next offset A->B would copy, the later of one past its
-progress (``mm2-offsets.A.internal`` on B) and what its newest offset sync proves copied,
-to A's end offset now. Offsets count transaction markers and aborted records too. While
-A->B runs again the tail shrinks as it is copied: it is listed with A->B stopped.
+Invariants:
+- a row is ``ok`` only when the syncs prove the position exact; otherwise ``not exact
+  yet`` at or before the group's position, or ``untranslated``: a failback is all or
+  nothing, like a failover;
+- the divergent tail (``--diverged``) is, per partition of A's own copied topics, from
+  the next offset A->B would copy to A's end offset now; it is read with A->B stopped.
+Design: docs/design/failback.md.
 """
 
 from __future__ import annotations

@@ -1,50 +1,17 @@
 """`mm2py failover`: move consumer groups from the source to the target.
 
-`--planned` (the default) waits for exact positions; `--disaster` does not wait on
-the source and says what was never copied.
+`--planned` (the default; producers on the source stopped, the replicator running):
+reads the source's end offsets, waits until the flow's progress covers them, waits until
+translate-offsets proves every partition of the selected groups exact, and commits on
+the target only then. `--disaster` reads only the target: commits each group's newest
+checkpoint as it is (at or before its position) and says what was never copied.
+`--diverged` writes nothing: it lists a failback's divergent tail.
 
-For a planned cutover: the operator has stopped the producers on the source, the
-replicator still runs. Contract, in order:
-
-1. The end offsets (last stable) of every partition the flow copies are read from the
-   source when the command starts.
-2. It waits, up to the timeout, until the flow's progress on the target covers them:
-   every record the source had then is copied.
-3. It selects the groups the flow checkpoints (its group filter, with offsets on a
-   copied topic) whose name matches --groups in full, and waits until translate-offsets
-   proves every one of their partitions exact (`tools.translate`: checkpoints confirmed
-   by the offset syncs). A failback (the config has the flow the other way, target ->
-   source) selects, too, the groups with offsets on returning topics, the source's
-   copies of the target's own topics: those go back to the target's topics, translated
-   through the other flow's offset syncs (`tools.failback`), exact or not.
-4. A selected group with members on the target refuses the whole command (exit 2), and
-   nothing is committed: their positions would change under them.
-5. It commits each group's exact positions on the target (not with --dry-run) and
-   prints, per group and partition, the source offset, the target offset and whether it
-   is exact.
-
-Exit 0 only when every selected group-partition is exact (and applied, unless a dry
-run); 1 naming what is missing when the timeout passes first. Nothing is committed
-unless every selected group is exact: a failover is all or nothing.
-
-For a disaster (the source unreachable, or not to be waited for), it reads only the
-target:
-
-1. the groups are those with checkpoints in ``<source>.checkpoints.internal`` whose
-   name matches --groups; the newest checkpoint of each partition is committed as it
-   is (translate-offsets --apply --accept-inexact: at or before the group's position,
-   so records may be read twice, none skipped), after the same check for members;
-2. what was never copied, per source partition the flow's topics select now: the end
-   offset the replicator last recorded for it (`mm2py.parts.ends`, every 10 s, with
-   its time) minus the flow's progress (the last offset copied). Offsets count
-   transaction markers and aborted records too; records written to the source after
-   that time are not known. The progress is written about every second behind the
-   copy, so the last second's records may be counted though they were copied.
-
-Exit 0 when every selected group's checkpoints were committed; 1 otherwise.
-
-`--diverged` (a failback's source B and target A) writes nothing: it lists the divergent
-tail, A's records that the flow A->B never copied to B (`tools.failback.diverged`).
+Invariants: nothing is committed unless every selected group is exact (planned: all or
+nothing); a selected group with members on the target refuses the whole command (exit 2);
+a group's positions are never moved past a record it did not consume. Exit 0 when every
+selected group-partition is done, 1 naming what is missing.
+Design: docs/design/failover.md.
 """
 
 from __future__ import annotations

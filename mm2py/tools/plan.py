@@ -1,31 +1,18 @@
 """`mm2py plan`: what `mm2py run` would do with a config, read from the clusters.
 
-Contract: it reads every cluster the selected flows use and writes nothing anywhere
-(admin describes and lists; consumers that never join a group or commit). For each
-selected flow (the enabled flows, as `mm2py run --clusters` selects them) it reports:
+For each selected flow: the topics it would copy (remote names, the rule that selected
+each) and leave out (and why), the remote topics, configs and ACLs it would create or
+change, the groups it would checkpoint, the schema subjects it would copy, the backlog
+per partition; for every cluster, the internal topics `mm2py run` would create.
 
-- the topics it would copy, with their remote names and the rule that selected each
-  (`topics`, or `heartbeats`: heartbeats flow even when `topics` leaves them out);
-- the topics it would leave out and why: `topics.exclude`, `internal`, `cycle`, or
-  `no match` (of `topics`);
-- remote topics to create (partitions, replication factor, the configs config sync
-  would set) or grow, and the config changes config sync would make to the remote
-  topics that exist (when `sync.topic.configs.enabled`);
-- the ACLs topic ACL sync would create (when `sync.topic.acls.enabled` and the source
-  has an authorizer);
-- the consumer groups it would checkpoint (and sync, with `sync.group.offsets.enabled`);
-- with `schema.registry.sync.enabled`, the subjects it would copy (the copied topics'
-  TopicNameStrategy subjects the source's registry has) and their names on the target;
-- the backlog: per partition, the offsets from the progress already recorded (or the
-  log start) to the end, and bytes estimated from a sample of those records.
-
-And, for every cluster, the internal topics `mm2py run` would create there (progress,
-offset syncs, checkpoints, heartbeats, the tasks topic of each flow's node group),
-including those of pairs that only emit heartbeats.
-
-The decisions are the daemon's own (FlowRules, plan_remote_topics, config_changes,
-target_acls, should_checkpoint_group): the plan cannot disagree with the run.
-A cluster that cannot be read is a `PlanError` (exit 1) naming it.
+Invariants:
+- it writes nothing anywhere (admin describes and lists; consumers that never join a
+  group or commit);
+- its decisions are the daemon's own functions (FlowRules, plan_remote_topics,
+  config_changes, target_acls, should_checkpoint_group): the plan cannot disagree with
+  the run;
+- a cluster that cannot be read is a `PlanError` (exit 1) naming it.
+Design: docs/design/tools.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,18 @@
 """`mm2py translate-offsets`: a group's positions on the target, from the checkpoints.
 
-The positions come from ``<source>.checkpoints.internal`` on the target only, so
-the command works the same on a pair that real MM2 replicated. When the source
-cluster answers, the group's committed offsets there and the offset syncs are read
-too, so that every partition the group consumes is reported, with one of three
-statuses:
+Positions come from ``<source>.checkpoints.internal`` on the target only (so it works on
+a pair real MM2 replicated); when the source answers, its committed offsets and the
+offset syncs are read too, and every partition the group consumes is a row: ``ok``,
+``not exact yet`` (with what it waits for) or ``untranslated`` (with why).
 
-- ``ok``: the position is proven exact. The group's committed offset on the source is
-  the checkpoint's, and the offset syncs translate it exactly (mm2py.compat.offsets)
-  to the checkpoint's target offset: the group resumes there reading no record twice
-  and missing none.
-- ``not exact yet``: a checkpoint exists, but nothing proves it exact now (the group
-  moved since, the syncs do not cover its offset yet or translate it elsewhere, or the
-  source or its syncs cannot be read). The reason names what the row waits for.
-- ``untranslated``: no checkpoint; the reason says why.
-
-`--apply` commits only a report whose every row is ``ok`` (`Report.exact`); anything
-less commits nothing, unless `accept_inexact` is asked for: then each checkpoint is
-committed as it is, at or before the group's position when it was written (records
-may be read twice), except a checkpoint ahead of a group rewound since. Nothing is
-left out silently.
-
-The first half of the module is pure (rows, reasons, text and JSON); the second
-half reads the clusters and applies the offsets.
+Invariants:
+- ``ok`` only when the source's committed offset is the checkpoint's and the syncs
+  translate it exactly to the checkpoint's target offset;
+- `--apply` commits only a report whose every row is ``ok``; with `accept_inexact` each
+  checkpoint as it is (at or before the group's position), never one ahead of a group
+  rewound since; nothing is left out silently.
+The first half of the module is pure (rows, reasons, text, JSON); the second does I/O.
+Design: docs/design/tools.md.
 """
 
 from __future__ import annotations

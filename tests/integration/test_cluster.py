@@ -24,7 +24,6 @@ import contextlib
 import re
 import signal
 import subprocess
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -62,6 +61,7 @@ from tests.integration.test_mm2_handover import (
 )
 from tests.kafka_helpers import (
     RECENT_MS,
+    LiveProducer,
     Rec,
     commit_offsets,
     create_topic,
@@ -101,89 +101,6 @@ def _config(
     path = tmp_path / "mm2.properties"
     path.write_text(mm2_properties(a, b, topics, **{"tasks.max": str(tasks), **extra}))
     return path
-
-
-# -- a live producer -------------------------------------------------------------------
-
-
-class LiveProducer:
-    """Numbered records into every partition of its topics, `rate` a second in all,
-    until stopped. Idempotent: the source holds each record once, in sending order."""
-
-    def __init__(self, cluster: LocalCluster, topics: dict[str, int], rate: float = 200.0):
-        self.cluster = cluster
-        self.topics = dict(topics)
-        self.rate = rate
-        self.sent = 0
-        self.errors: list[str] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="live-producer", daemon=True)
-
-    def add(self, topic: str, partitions: int) -> None:
-        """Produce into `topic` too from now on."""
-        with self._lock:
-            self.topics[topic] = partitions
-
-    def _run(self) -> None:
-        producer = clients.producer(
-            self.cluster.client_properties(), {"enable.idempotence": True, "linger.ms": 5}
-        )
-
-        def on_delivery(err: Any, _msg: Any) -> None:
-            if err is not None:
-                self.errors.append(str(err))
-
-        n = 0
-        next_round = time.monotonic()
-        while not self._stop.is_set():
-            with self._lock:
-                topics = list(self.topics.items())
-            for topic, partitions in topics:
-                for p in range(partitions):
-                    while True:
-                        try:
-                            producer.produce(
-                                topic,
-                                key=f"k{n}".encode(),
-                                value=f"{topic}/{p}/{n}".encode(),
-                                partition=p,
-                                timestamp=RECENT_MS + n,
-                                on_delivery=on_delivery,
-                            )
-                            break
-                        except BufferError:  # the broker is slow: let the queue drain
-                            producer.poll(0.1)
-                    n += 1
-            producer.poll(0)
-            next_round += sum(p for _t, p in topics) / self.rate
-            self._stop.wait(max(next_round - time.monotonic(), 0.0))
-        self.sent = n
-        if producer.flush(60) != 0:
-            self.errors.append("records still unsent after 60 s")
-
-    def start(self) -> LiveProducer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop producing; return once every record sent is acknowledged."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(90)
-        assert not self.errors, f"the live producer failed: {self.errors[:3]}"
-
-    def __enter__(self) -> LiveProducer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        self._thread.join(90)
 
 
 # -- the cluster as its nodes' REST APIs show it -----------------------------------------

@@ -14,21 +14,25 @@ import os
 import random
 import re
 import signal
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from mm2py.compat.formats import OffsetSync, is_position_sync
 from mm2py.dev.launcher import LocalCluster
-from mm2py.kafka import clients
 from mm2py.kafka.internal_topics import read_offset_syncs
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.integration.test_cluster import _running_tasks, _tasks_of, _wait_tasks
-from tests.kafka_helpers import RECENT_MS, Rec, create_topic, end_transaction, read_all, wait_until
+from tests.kafka_helpers import (
+    LiveProducer,
+    Rec,
+    Transactions,
+    create_topic,
+    read_all,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -37,68 +41,10 @@ SYNCS_TOPIC = "mm2-offset-syncs.B.internal"
 PARTITIONS = 4
 # How a fenced producer's failure shows in the log (librdkafka's words).
 _FENCED = re.compile(r"fenced|old epoch", re.IGNORECASE)
-
-
-class LiveProducer:
-    """Writes `p:n` values into every partition of a topic until stopped: plain records
-    from an idempotent producer, and every few records a transaction of a second,
-    transactional producer that commits or aborts (aborted values say so)."""
-
-    def __init__(self, cluster: LocalCluster, topic: str, seed: int) -> None:
-        self.topic = topic
-        self.random = random.Random(seed)
-        props = cluster.client_properties()
-        self._plain = clients.producer(props, {"enable.idempotence": True, "linger.ms": 5})
-        self._txn = clients.producer(props, {"transactional.id": f"{topic}-writer", "linger.ms": 0})
-        self._txn.init_transactions(30)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self.sent = 0
-        self.error: BaseException | None = None
-
-    def _run(self) -> None:
-        seq = [0] * PARTITIONS
-        try:
-            while not self._stop.is_set():
-                for _ in range(20):
-                    p = self.random.randrange(PARTITIONS)
-                    self._plain.produce(
-                        self.topic, f"{p}:{seq[p]}".encode(), partition=p, timestamp=_now_ms()
-                    )
-                    seq[p] += 1
-                self._plain.poll(0)
-                if self.random.random() < 0.3:
-                    self._transaction()
-                self.sent += 20
-                time.sleep(0.01)
-            self._plain.flush(30)
-        except BaseException as exc:  # shown by stop()
-            self.error = exc
-
-    def _transaction(self) -> None:
-        commit = self.random.random() < 0.7
-        self._txn.begin_transaction()
-        for i in range(5):
-            p = self.random.randrange(PARTITIONS)
-            word = "txn" if commit else "aborted"
-            self._txn.produce(self.topic, f"{word}:{self.sent}:{i}".encode(), partition=p)
-        end_transaction(self._txn, commit)
-
-    def __enter__(self) -> LiveProducer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(60)
-        assert self.error is None, f"the producer failed: {self.error!r}"
-
-
-def _now_ms() -> int:
-    return max(int(time.time() * 1000), RECENT_MS)
+# Live traffic on A: 20 plain records every 10 ms, and a transaction every third round, a
+# third of them aborted.
+RATE = 2000.0
+TRAFFIC = Transactions(every=3)
 
 
 def _by_partition(records: list[Rec]) -> dict[int, list[bytes | None]]:
@@ -126,7 +72,7 @@ def test_kill_9_while_copying_leaves_every_record_once_and_syncs_on_committed_co
     seed = random.randrange(1 << 30)
     print(f"seed {seed}")
     moments = random.Random(seed)
-    with LiveProducer(cluster_a, topic, seed):
+    with LiveProducer(cluster_a, {topic: PARTITIONS}, RATE, TRAFFIC):
         for _ in range(4):
             with running_daemon(config) as node:
                 # A random moment of copying: after the node serves (its start, which
@@ -229,7 +175,10 @@ def test_a_node_stopped_past_its_session_is_fenced_and_commits_nothing_after(
             **{"tasks.max": "2", "transaction.boundary.interval.ms": "50", **EXACTLY_ONCE},
         )
     )
-    with LiveProducer(cluster_a, topic, seed=7), running_daemon(config) as zombie:
+    with (
+        LiveProducer(cluster_a, {topic: PARTITIONS}, RATE, TRAFFIC),
+        running_daemon(config) as zombie,
+    ):
         _wait_tasks([zombie], 2)
         with running_daemon(config) as other:
             running = _wait_tasks([zombie, other], 2)
@@ -273,7 +222,7 @@ def test_a_smaller_tasks_max_fences_the_tasks_it_has_no_more(
     four, two = tmp_path / "four.properties", tmp_path / "two.properties"
     four.write_text(mm2_properties(cluster_a, cluster_b, topic, **common, **{"tasks.max": "4"}))
     two.write_text(mm2_properties(cluster_a, cluster_b, topic, **common, **{"tasks.max": "2"}))
-    with LiveProducer(cluster_a, topic, seed=11), running_daemon(four) as node:
+    with LiveProducer(cluster_a, {topic: PARTITIONS}, RATE, TRAFFIC), running_daemon(four) as node:
         _wait_tasks([node], 4, partitions=PARTITIONS)
         time.sleep(3)
         node.proc.send_signal(signal.SIGKILL)

@@ -13,14 +13,11 @@ reader of the remote topic must see exactly the committed source records, in ord
 from __future__ import annotations
 
 import signal
-import threading
-import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import pytest
-from confluent_kafka import Producer
 
 from mm2py.dev.launcher import LocalCluster
 from mm2py.dev.mirrormaker import (
@@ -29,14 +26,14 @@ from mm2py.dev.mirrormaker import (
     mm2_properties,
     render_properties,
 )
-from mm2py.kafka import clients
 from tests.daemon_harness import running_daemon
 from tests.kafka_helpers import (
     RECENT_MS,
+    LiveProducer,
     Rec,
+    Transactions,
     create_topic,
     end_offsets,
-    end_transaction,
     produce,
     read_all,
     wait_until,
@@ -124,74 +121,10 @@ def test_mirrormaker2_continues_where_mm2py_stopped(
 # ------------------------------------------------- exactly-once, under live traffic
 
 
-class LiveProducer:
-    """Numbered records into `topic` on A until stopped, in rounds: a transaction of
-    three records a partition (every third round's aborted), then one plain record a
-    partition from an idempotent producer. Values are unique, timestamps recent."""
-
-    def __init__(self, cluster: LocalCluster, topic: str) -> None:
-        self.cluster = cluster
-        self.topic = topic
-        self.committed = 0  # records of committed transactions and plain records
-        self.aborted = 0
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"produce {topic}", daemon=True)
-
-    def __enter__(self) -> LiveProducer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(60)
-        assert not self._thread.is_alive(), "the live producer did not stop"
-        if self.error is not None:
-            raise AssertionError(f"the live producer failed: {self.error!r}")
-
-    def wait_committed(self, count: int) -> None:
-        wait_until(lambda: self.committed >= count or self.error, what=f"{count} produced")
-
-    def _record(self, n: int) -> dict[str, Any]:
-        return {
-            "partition": n % PARTITIONS,
-            "key": f"k{n}".encode(),
-            "value": f"v{n}".encode(),
-            "headers": [("n", str(n).encode())],
-            "timestamp": RECENT_MS + n,
-        }
-
-    def _run(self) -> None:
-        props = self.cluster.client_properties()
-        tx = Producer(dict(props, **{"transactional.id": f"live-{self.topic}", "linger.ms": 5}))
-        plain = clients.producer(props, {"linger.ms": 5, "enable.idempotence": True})
-        n = 0
-        try:
-            tx.init_transactions(30)
-            for round_ in range(1_000_000):
-                if self._stop.is_set():
-                    break
-                tx.begin_transaction()
-                for _ in range(3 * PARTITIONS):
-                    tx.produce(self.topic, **self._record(n))
-                    n += 1
-                commit = round_ % 3 != 1
-                end_transaction(tx, commit)
-                if commit:
-                    self.committed += 3 * PARTITIONS
-                else:
-                    self.aborted += 3 * PARTITIONS
-                for _ in range(PARTITIONS):
-                    plain.produce(self.topic, **self._record(n))
-                    n += 1
-                assert plain.flush(30) == 0, "plain records not acknowledged"
-                self.committed += PARTITIONS
-                time.sleep(0.02)
-        except BaseException as exc:  # reported by stop()
-            self.error = exc
+# Live traffic on A, in rounds: a transaction of three records a partition (every third
+# aborted), then one plain record a partition from an idempotent producer.
+LIVE_RATE = 100.0
+LIVE_TRANSACTIONS = Transactions(every=1, per_partition=3)
 
 
 def _committed_count(cluster: LocalCluster, topic: str) -> int:
@@ -258,7 +191,7 @@ def test_mm2py_continues_where_mirrormaker2_in_exactly_once_mode_stopped(
     create_topic(cluster_a, unique, partitions=PARTITIONS)
     mm2_config, mm2py_config = _eos_configs(tmp_path, cluster_a, cluster_b, unique, mm2py_mode)
     remote = f"A.{unique}"
-    with LiveProducer(cluster_a, unique) as producer:
+    with LiveProducer(cluster_a, {unique: PARTITIONS}, LIVE_RATE, LIVE_TRANSACTIONS) as producer:
         producer.wait_committed(200)
         with RealMirrorMaker(mm2_config, tmp_path / "mm2") as mm2:
             mm2.wait_replicating(unique)
@@ -289,7 +222,7 @@ def test_mirrormaker2_in_exactly_once_mode_continues_where_mm2py_stopped(
     create_topic(cluster_a, unique, partitions=PARTITIONS)
     mm2_config, mm2py_config = _eos_configs(tmp_path, cluster_a, cluster_b, unique, mm2py_mode)
     remote = f"A.{unique}"
-    with LiveProducer(cluster_a, unique) as producer:
+    with LiveProducer(cluster_a, {unique: PARTITIONS}, LIVE_RATE, LIVE_TRANSACTIONS) as producer:
         producer.wait_committed(200)
         with running_daemon(mm2py_config) as daemon:
             wait_until(
@@ -325,7 +258,7 @@ def test_mm2py_in_exactly_once_mode_continues_after_mirrormaker2_is_killed(
     create_topic(cluster_a, unique, partitions=PARTITIONS)
     config, _same = _eos_configs(tmp_path, cluster_a, cluster_b, unique, "exactly-once")
     remote = f"A.{unique}"
-    with LiveProducer(cluster_a, unique) as producer:
+    with LiveProducer(cluster_a, {unique: PARTITIONS}, LIVE_RATE, LIVE_TRANSACTIONS) as producer:
         producer.wait_committed(200)
         with RealMirrorMaker(config, tmp_path / "mm2") as mm2:
             mm2.wait_replicating(unique)
@@ -351,7 +284,7 @@ def test_mirrormaker2_in_exactly_once_mode_continues_after_mm2py_is_killed(
     create_topic(cluster_a, unique, partitions=PARTITIONS)
     config, _same = _eos_configs(tmp_path, cluster_a, cluster_b, unique, "exactly-once")
     remote = f"A.{unique}"
-    with LiveProducer(cluster_a, unique) as producer:
+    with LiveProducer(cluster_a, {unique: PARTITIONS}, LIVE_RATE, LIVE_TRANSACTIONS) as producer:
         producer.wait_committed(200)
         with running_daemon(config) as daemon:
             wait_until(

@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from bench.common import add_set_option
+from bench.report import add_set_option
 
 
 def _parser() -> argparse.ArgumentParser:

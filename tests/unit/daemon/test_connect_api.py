@@ -15,9 +15,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from mm2py.config import MirrorConfig, load_config
-from mm2py.daemon import connect_api
+from mm2py.daemon import connect_worker
 from mm2py.daemon.api import ApiServer, bind, build_app
-from mm2py.daemon.connect_api import (
+from mm2py.daemon.connect_api import java_boolean, restart_plan, task_number
+from mm2py.daemon.connect_worker import (
     CHECKPOINT,
     HEARTBEAT,
     SOURCE,
@@ -25,12 +26,9 @@ from mm2py.daemon.connect_api import (
     Task,
     connector_config,
     connector_state,
-    java_boolean,
     kinds_run,
-    restart_plan,
     split_name,
     task_config,
-    task_number,
     task_state,
     worker_id,
 )
@@ -367,8 +365,8 @@ def test_the_cluster_id_is_asked_again_only_after_a_while(
         asked.append(cluster.alias)
         return None if len(asked) == 1 else "abc"
 
-    monkeypatch.setattr(connect_api, "ask_cluster_id", ask)
-    worker = connect_api.LocalWorker(stand_in)  # type: ignore[arg-type]
+    monkeypatch.setattr(connect_worker, "ask_cluster_id", ask)
+    worker = connect_worker.LocalWorker(stand_in)  # type: ignore[arg-type]
     assert worker.kafka_cluster_id() is None  # B does not answer: null at once
     assert worker.kafka_cluster_id() is None and asked == ["B"]  # not asked again yet
     worker._cluster_id_next = 0.0  # as after CLUSTER_ID_RETRY seconds
