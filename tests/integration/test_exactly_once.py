@@ -15,6 +15,7 @@ import random
 import re
 import signal
 import time
+from bisect import bisect_left
 from collections import defaultdict
 from pathlib import Path
 
@@ -113,6 +114,9 @@ def test_kill_9_while_copying_leaves_every_record_once_and_syncs_on_committed_co
     store = read_offset_syncs(cluster_a.client_properties(), "A", SYNCS_TOPIC)
     assert store is not None
     copies = {(p, value): offset for (p, offset), value in by_offset_b.items()}
+    visible: dict[int, list[int]] = defaultdict(list)  # per partition, offsets in order
+    for p, offset in sorted(by_offset_b):
+        visible[p].append(offset)
     exact = 0
     for (p, offset), value in by_offset_a.items():
         found = store.translation(topic, p, offset)
@@ -128,7 +132,7 @@ def test_kill_9_while_copying_leaves_every_record_once_and_syncs_on_committed_co
             # record, before that commit's syncs were sent), d + 1 is the previous
             # transaction's commit marker, which no consumer sees (seen: 3126, copy
             # at 3127).
-            first_visible = min(o for q, o in by_offset_b if q == p and o >= found.downstream)
+            first_visible = visible[p][bisect_left(visible[p], found.downstream)]
             assert first_visible == copy, where
             exact += 1
     print(f"{exact} of {len(by_offset_a)} offsets translate exactly")
