@@ -21,6 +21,7 @@ from typing import Any
 
 from mm2py.dev import mirrormaker
 from mm2py.dev.launcher import LocalCluster
+from tests.kafka_helpers import wait_until
 
 
 def mm2_properties(source: LocalCluster, target: LocalCluster, topics: str, **extra: str) -> str:
@@ -116,11 +117,12 @@ class RunningDaemon:
 
     def wait_serving(self, timeout: float = 60.0) -> None:
         """Wait until the REST API answers; the process must not exit meanwhile."""
-        deadline = time.monotonic() + timeout
-        while not self.serving():
+
+        def answering() -> bool:
             assert self.proc.poll() is None, f"the daemon exited\n{self.report()}"
-            assert time.monotonic() < deadline, f"no REST API within {timeout} s\n{self.report()}"
-            time.sleep(0.1)
+            return self.serving()
+
+        wait_until(answering, timeout=timeout, interval=0.1, what=f"the REST API on {self.listen}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> tuple[int, float]:
         """Signal the daemon; return its exit status and how long it took to exit."""
