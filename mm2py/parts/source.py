@@ -65,7 +65,12 @@ EXACTLY_ONCE_LOAD_TIMEOUT = transactions.TRANSACTION_TIMEOUT_MS / 1000 + 30
 CONSUMER_TUNING: Mapping[str, Any] = {
     "auto.offset.reset": "earliest",
     "queued.max.messages.kbytes": 32768,
-    "fetch.wait.max.ms": 100,
+    # Kafka's and librdkafka's default. How long the broker holds a fetch that finds no
+    # records: one arriving answers it at once, so this only sets how often an idle
+    # consumer asks (librdkafka sends every assigned partition in each fetch). At 100 ms
+    # an idle task of 2,000 partitions spent 3.7% of a core in its broker thread, at 500
+    # ms 1.2%.
+    "fetch.wait.max.ms": 500,
     "fetch.queue.backoff.ms": 5,
 }
 PRODUCER_TUNING: Mapping[str, Any] = {
