@@ -46,7 +46,10 @@ from mm2py.runtime.reachability import Reachability
 
 log = logging.getLogger(__name__)
 
-REPORT_INTERVAL = 0.5
+# The node's view of a task's statistics is at most this old; lag is measured every
+# second (mm2py.parts.source). Each report looks at every partition's statistics: at
+# 0.5 s an idle task of 2,000 partitions spent 0.6% of a core on it.
+REPORT_INTERVAL = 1.0
 START_TIMEOUT = 60.0  # spawning an interpreter and importing mm2py, on a busy machine
 _PR_SET_PDEATHSIG = 1
 

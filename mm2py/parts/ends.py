@@ -3,11 +3,13 @@
 After a disaster, `mm2py failover --disaster` must say what was never copied without
 asking the source: the records the source had, as the replicator last saw them, minus
 what was copied. This part keeps the first half: every interval it lists the end
-offsets (last stable) of every partition the flow copies and writes them, with the
-time it asked, to the flow's progress topic on the target (`ProgressStore.submit_ends`,
-in MM2's key shape under connector ``mm2py-source-ends``, which MM2 reads past). It runs
-once per flow, beside the checkpoint part. A failed round is logged, counted and tried
-again at the next interval.
+offsets (last stable) of every partition the flow copies and writes those that changed
+since its last write (all of them at its start), with the time it asked, to the flow's
+progress topic on the target (`ProgressStore.submit_ends`, in MM2's key shape under
+connector ``mm2py-source-ends``, which MM2 reads past). So a recorded end is the
+source's end since the time beside it, and an idle flow writes nothing. It runs once
+per flow, beside the checkpoint part. A failed round is logged, counted and tried
+again at the next interval: its ends count as unwritten.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class SourceEndsPart(FlowPart):
     ) -> None:
         super().__init__(flow, source, target, metrics)
         self.interval = interval
+        self._written: dict[tuple[str, int], int] = {}  # what the target holds, as far as known
 
     def run(self) -> None:
         flow = self.flow
@@ -83,7 +86,10 @@ class SourceEndsPart(FlowPart):
             ends = list_offsets(self._admin, flow.source, specs, timeout)
         except TopicAdminError as exc:
             raise SourceEndsError(str(exc)) from None
-        self._store.submit_ends(ends, seen_at)
+        changed = {where: end for where, end in ends.items() if self._written.get(where) != end}
+        if not changed:
+            return
+        self._store.submit_ends(changed, seen_at, self._written.__setitem__)
         if not self._store.flush(WRITE_TIMEOUT):
             raise SourceEndsError(
                 f"writing the source's end offsets to {flow.offsets_topic} on {flow.target} "

@@ -185,38 +185,49 @@ class ProgressStore:
 
         Acknowledgements are served by `poll()` or `flush()`.
         """
-        if self._producer is None:
-            self._producer = clients.producer(
-                self._props, {"acks": "all", "enable.idempotence": True, "linger.ms": 0}
-            )
+        producer = self._own_producer()
         for where, offset in last_copied.items():
+            self._send(producer, where, offset, self._on_delivery(where, offset, on_written))
+        producer.poll(0)
 
-            def on_delivery(
-                err: Any, _msg: Any, where: SourcePartition = where, at: int = offset
-            ) -> None:
-                if err is None:
-                    on_written(where, at)
-                else:
-                    log.warning("writing progress to %s failed: %s", self.topic, err)
-
-            self._send(self._producer, where, offset, on_delivery)
-        self._producer.poll(0)
-
-    def submit_ends(self, ends: Mapping[SourcePartition, int], seen_at_ms: int) -> None:
-        """Send each source partition's end offset as seen at `seen_at_ms`; `flush()` waits."""
-        if self._producer is None:
-            self._producer = clients.producer(
-                self._props, {"acks": "all", "enable.idempotence": True, "linger.ms": 0}
-            )
-        for (topic, partition), end in ends.items():
+    def submit_ends(
+        self,
+        ends: Mapping[SourcePartition, int],
+        seen_at_ms: int,
+        on_written: Callable[[SourcePartition, int], None],
+    ) -> None:
+        """Send each source partition's end offset as seen at `seen_at_ms`; `on_written`
+        runs for each one the target acknowledged (served by `poll()` or `flush()`)."""
+        producer = self._own_producer()
+        for where, end in ends.items():
+            topic, partition = where
             key = SourceProgressKey(SOURCE_ENDS_NAME, self.source_alias, topic, partition).encode()
-            self._producer.produce(
+            producer.produce(
                 self.topic,
                 key=key,
                 value=encode_source_end(end, seen_at_ms),
                 partition=partition_for_key(key, self.partitions),
+                on_delivery=self._on_delivery(where, end, on_written),
             )
-        self._producer.poll(0)
+        producer.poll(0)
+
+    def _own_producer(self) -> Any:
+        if self._producer is None:
+            self._producer = clients.producer(
+                self._props, {"acks": "all", "enable.idempotence": True, "linger.ms": 0}
+            )
+        return self._producer
+
+    def _on_delivery(
+        self, where: SourcePartition, value: int, on_written: Callable[[SourcePartition, int], None]
+    ) -> Callable[[Any, Any], None]:
+        def on_delivery(err: Any, _msg: Any) -> None:
+            if err is None:
+                on_written(where, value)
+            else:
+                log.warning("writing to %s failed: %s", self.topic, err)
+
+        return on_delivery
 
     def write_in_transaction(
         self, producer: Any, last_copied: Mapping[SourcePartition, int]
