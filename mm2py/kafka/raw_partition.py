@@ -211,7 +211,12 @@ class _RawPartition:
             request_timeout_ms=self.request_timeout_ms,
             **self._settings,
         )
-        await self._client.bootstrap()
+        try:
+            await self._client.bootstrap()
+        except _CONNECTION_ERRORS as exc:
+            raise self.error(
+                "connect", str(exc), "Check bootstrap.servers and that the cluster is up"
+            ) from exc
         self._client.add_topic(self.topic)
 
     def where(self) -> str:

@@ -6,6 +6,7 @@ read_committed. Brokers and topics run with Kafka's defaults unless a test names
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +14,12 @@ import pytest
 
 from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka import clients
-from mm2py.kafka.raw_partition import Fetched, IdempotentRawProducer, RawFetcher
+from mm2py.kafka.raw_partition import (
+    Fetched,
+    IdempotentRawProducer,
+    RawFetcher,
+    RawPartitionError,
+)
 from mm2py.kafka.record_batches import (
     Classified,
     Compression,
@@ -24,6 +30,7 @@ from mm2py.kafka.record_batches import (
     classify,
     split_batches,
 )
+from tests.conftest import Clusters
 from tests.kafka_helpers import (
     RECENT_MS,
     Rec,
@@ -265,3 +272,69 @@ def test_fetch_in_the_middle_of_a_batch(cluster_a: LocalCluster, unique: str) ->
     assert classified[0].reason is Reason.STARTS_BEFORE_POSITION
     assert classified[1].reason is Reason.WHOLE
     assert whole.high_watermark == whole.last_stable_offset == 80
+
+
+def test_log_append_time_batches_go_record_by_record(cluster_a: LocalCluster, unique: str) -> None:
+    # a reader sees the append time for every record of such a batch, which the records
+    # themselves do not carry: the topic setting under test
+    create_topic(cluster_a, unique, 1, {"message.timestamp.type": "LogAppendTime"})
+    produce_all(cluster_a, unique, {"compression.type": "zstd"}, 0, partitions=1)
+    with RawFetcher(cluster_a.client_properties(), unique, 0) as fetcher:
+        fetched = fetcher.fetch(0)
+    classified = classify(split_batches(fetched.records).batches, 0, fetched.aborted)
+    assert [c.reason for c in classified] == [Reason.LOG_APPEND_TIME] * 2
+    assert all(c.batch.header.max_timestamp > RECENT_MS + 80 for c in classified)
+
+
+def test_a_broker_restart_is_retried_and_sequences_go_on(
+    clusters: Clusters, cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str
+) -> None:
+    topic = unique
+    create_topic(cluster_a, topic, 1)
+    create_topic(cluster_b, topic, 1)
+    produce_all(cluster_a, topic, {"compression.type": "zstd"}, 0, partitions=1)
+    produce_all(cluster_a, topic, {"compression.type": "lz4"}, 1000, partitions=1)
+    with (
+        RawFetcher(cluster_a.client_properties(), topic, 0) as fetcher,
+        IdempotentRawProducer(cluster_b.client_properties(), topic, 0) as producer,
+    ):
+        batches = [c.batch for _, cs in fetch_all(fetcher, 160) for c in cs]
+        assert len(batches) == 4
+        assert producer.produce(batches[:2]) == [0, 40]
+        clusters.kafka.stop("B")
+        # B is down when the produce starts: it retries (connection refused, then metadata
+        # again) until B is back, and goes on with its sequence (B restored the producer's
+        # state from its log)
+        restart = threading.Timer(3.0, clusters.kafka.start, args=("B",))
+        restart.start()
+        try:
+            assert producer.produce(batches[2:]) == [80, 120]
+        finally:
+            restart.join()
+    source = read_all(cluster_a, topic)
+    target = read_all(cluster_b, topic, expected=len(source))
+    assert [r.content() for r in target] == [r.content() for r in source]
+
+
+def test_errors_name_the_partition_and_what_to_do(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str
+) -> None:
+    create_topic(cluster_a, unique, 1)
+    produce_all(cluster_a, unique, {"compression.type": "zstd"}, 0, partitions=1)
+    props = cluster_a.client_properties()
+    with RawFetcher(props, unique, 0) as fetcher:
+        with pytest.raises(RawPartitionError, match=rf"{unique}-0 on .*out of range"):
+            fetcher.fetch(10_000)
+        batches = split_batches(fetcher.fetch(0).records).batches
+    with (
+        RawFetcher(props, unique, 5, retry_timeout=2) as missing,
+        pytest.raises(RawPartitionError, match=rf"{unique}-5 on .*no such partition"),
+    ):
+        missing.fetch(0)
+    # a target topic that takes smaller batches than the source wrote: the setting under test
+    create_topic(cluster_b, unique, 1, {"max.message.bytes": "200"})
+    with (
+        IdempotentRawProducer(cluster_b.client_properties(), unique, 0) as producer,
+        pytest.raises(RawPartitionError, match=r"MessageSizeTooLarge.*max\.message\.bytes"),
+    ):
+        producer.produce(batches[:1])
