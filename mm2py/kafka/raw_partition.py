@@ -15,7 +15,8 @@ module that talks to it. Control-plane work stays on confluent-kafka (mm2py.kafk
   `retry_timeout`; anything else raises `RawPartitionError` naming topic, partition, error
   and what to do.
 - Each object has its own event loop on a thread of its own; its methods are synchronous
-  (the copy thread calls them). Construct, then `open()`; `close()` stops the loop.
+  and meant for one caller thread (the copy thread: a producer's sequence is its state).
+  Construct (no network), then `open()`; `close()` stops the loop.
 - Versions: aiokafka 0.14 picks the highest it has within the broker's range. Against Kafka
   4.1.1 (Fetch 4-18, Produce 0-13, InitProducerId 0-5, Metadata 0-13) that is Fetch v11,
   Produce v7, InitProducerId v0, Metadata v5. Fetch v11 is checked for (isolation level,

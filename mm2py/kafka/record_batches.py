@@ -12,7 +12,7 @@
 - Offsets: a PASS batch holds `record_count` records at source offsets base..base+count-1,
   and the broker appends it at one target base offset, so record i of it lands at target
   base + i (`Placement`).
-CRC-32C is aiokafka's Cython `calc_crc32c` (about 1,000x a pure-Python table on 64 KiB).
+CRC-32C is aiokafka's Cython `calc_crc32c`: 0.06 ms for 64 KiB, a pure-Python table 115 ms.
 """
 
 from __future__ import annotations
