@@ -30,7 +30,7 @@ import logging
 import ssl
 import threading
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
@@ -155,8 +155,12 @@ class _RawPartition:
         *,
         retry_timeout: float = 60.0,
         request_timeout_ms: int = 30_000,
+        client_factory: Callable[[], Any] | None = None,
     ) -> None:
         self._settings = client_settings(props)
+        # tests hand in a stand-in for AIOKafkaClient; it is made on the loop, as
+        # AIOKafkaClient must be
+        self._client_factory = client_factory or self._aiokafka_client
         self.bootstrap = props["bootstrap.servers"]
         self.topic = topic
         self.partition = partition
@@ -206,12 +210,15 @@ class _RawPartition:
             raise RuntimeError(f"{self.role} for {self.where()} is not open")
         return self._loop.run(coro)
 
-    async def _open(self) -> None:
-        self._client = AIOKafkaClient(
+    def _aiokafka_client(self) -> Any:
+        return AIOKafkaClient(
             client_id=f"mm2py-{self.role}",
             request_timeout_ms=self.request_timeout_ms,
             **self._settings,
         )
+
+    async def _open(self) -> None:
+        self._client = self._client_factory()
         try:
             await self._client.bootstrap()
         except _CONNECTION_ERRORS as exc:
@@ -287,8 +294,11 @@ class RawFetcher(_RawPartition):
         max_bytes: int = 1 << 20,
         max_wait_ms: int = 500,
         retry_timeout: float = 60.0,
+        client_factory: Callable[[], Any] | None = None,
     ) -> None:
-        super().__init__(props, topic, partition, retry_timeout=retry_timeout)
+        super().__init__(
+            props, topic, partition, retry_timeout=retry_timeout, client_factory=client_factory
+        )
         self.max_bytes = max_bytes
         self.max_wait_ms = max_wait_ms
 
@@ -372,6 +382,7 @@ class IdempotentRawProducer(_RawPartition):
         *,
         retry_timeout: float = 60.0,
         request_timeout_ms: int = 30_000,
+        client_factory: Callable[[], Any] | None = None,
     ) -> None:
         super().__init__(
             props,
@@ -379,6 +390,7 @@ class IdempotentRawProducer(_RawPartition):
             partition,
             retry_timeout=retry_timeout,
             request_timeout_ms=request_timeout_ms,
+            client_factory=client_factory,
         )
         self.producer_id = -1
         self.producer_epoch = -1
