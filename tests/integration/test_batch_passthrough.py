@@ -338,3 +338,21 @@ def test_errors_name_the_partition_and_what_to_do(
         pytest.raises(RawPartitionError, match=r"MessageSizeTooLarge.*max\.message\.bytes"),
     ):
         producer.produce(batches[:1])
+
+
+def test_a_fetch_cut_by_its_size_limit_leaves_the_tail_for_the_next(
+    cluster_a: LocalCluster, unique: str
+) -> None:
+    create_topic(cluster_a, unique, 1)
+    produce_all(cluster_a, unique, {"compression.type": "none"}, 0, partitions=1)  # 2 batches
+    props = cluster_a.client_properties()
+    with RawFetcher(props, unique, 0) as fetcher:
+        first = split_batches(fetcher.fetch(0).records).batches[0].header
+    # the broker cuts its answer at the byte limit, inside the second batch
+    with RawFetcher(props, unique, 0, max_bytes=first.size + 100) as fetcher:
+        split = split_batches(fetcher.fetch(0).records)
+        assert [b.header.base_offset for b in split.batches] == [0]
+        assert split.truncated == 100
+        rest = split_batches(fetcher.fetch(first.last_offset + 1).records)
+    assert [b.header.base_offset for b in rest.batches] == [first.last_offset + 1]
+    assert rest.truncated == 0
