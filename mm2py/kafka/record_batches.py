@@ -1,0 +1,381 @@
+"""Record batches as they travel, for batch pass-through (pure: no I/O).
+
+- `split_batches(records)` cuts a Fetch response's records bytes into batches and reads each
+  v2 header; a last batch cut short by the fetch size is left out (`Split.truncated` bytes).
+- `classify(batches, position, aborted)` decides per batch, in log order: PASS (may be
+  produced again as is after `rewrite_for_produce`), DROP (control batch, or a batch of an
+  aborted transaction, filtered as a read_committed consumer filters), or RECORDS (must go
+  record by record). `Reason` says why, as a value to log and count.
+- `rewrite_for_produce` gives a PASS batch base offset 0, the producer's id, epoch and base
+  sequence, its transactional bit, partition leader epoch -1 (what a producer sends) and a
+  new CRC-32C over attributes..end. Records and the compressed payload are untouched.
+- Offsets: a PASS batch holds `record_count` records at source offsets base..base+count-1,
+  and the broker appends it at one target base offset, so record i of it lands at target
+  base + i (`Placement`).
+CRC-32C is aiokafka's Cython `calc_crc32c`: 0.06 ms for 64 KiB, a pure-Python table 115 ms.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from aiokafka.record.util import calc_crc32c as _calc_crc32c
+
+# Offsets of a v2 batch's fields (DefaultRecordBatch.java).
+BASE_OFFSET = 0
+LENGTH = 8
+PARTITION_LEADER_EPOCH = 12
+MAGIC = 16
+CRC = 17
+ATTRIBUTES = 21
+LAST_OFFSET_DELTA = 23
+BASE_TIMESTAMP = 27
+MAX_TIMESTAMP = 35
+PRODUCER_ID = 43
+PRODUCER_EPOCH = 51
+BASE_SEQUENCE = 53
+RECORD_COUNT = 57
+RECORDS = 61
+HEADER_SIZE = RECORDS
+# baseOffset and length come before what `length` counts.
+LOG_OVERHEAD = 12
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")  # baseOffset .. recordCount, 61 bytes
+_OFFSET_AND_LENGTH = struct.Struct(">qi")
+
+COMPRESSION_MASK = 0x07
+TIMESTAMP_TYPE_BIT = 0x08  # set: LogAppendTime
+TRANSACTIONAL_BIT = 0x10
+CONTROL_BIT = 0x20
+DELETE_HORIZON_BIT = 0x40
+
+NO_PRODUCER_ID = -1
+NO_PARTITION_LEADER_EPOCH = -1
+CONTROL_TYPE_ABORT = 0
+CONTROL_TYPE_COMMIT = 1
+
+
+class CorruptBatchError(ValueError):
+    """Bytes that cannot be a record batch (not a short tail: that is `Split.truncated`)."""
+
+
+def crc32c(data: bytes | bytearray | memoryview) -> int:
+    """CRC-32C (Castagnoli) of `data`, as Kafka's v2 batches carry it."""
+    return int(_calc_crc32c(bytes(data) if isinstance(data, memoryview) else data))
+
+
+class Compression(enum.IntEnum):
+    NONE = 0
+    GZIP = 1
+    SNAPPY = 2
+    LZ4 = 3
+    ZSTD = 4
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """A batch's header fields. For magic 0 and 1 (legacy message sets) only base_offset,
+    length and magic are read; the other fields are 0 or -1."""
+
+    base_offset: int
+    length: int  # bytes after the length field: the batch is length + LOG_OVERHEAD bytes
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int  # the delete horizon when `has_delete_horizon`
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def size(self) -> int:
+        return self.length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def compression(self) -> Compression:
+        return Compression(self.attributes & COMPRESSION_MASK)
+
+    @property
+    def log_append_time(self) -> bool:
+        return bool(self.attributes & TIMESTAMP_TYPE_BIT)
+
+    @property
+    def transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_BIT)
+
+    @property
+    def control(self) -> bool:
+        return bool(self.attributes & CONTROL_BIT)
+
+    @property
+    def has_delete_horizon(self) -> bool:
+        return bool(self.attributes & DELETE_HORIZON_BIT)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordBatch:
+    """One batch: its header and its bytes (a view into the fetched records, not a copy)."""
+
+    header: BatchHeader
+    data: memoryview
+
+    @property
+    def payload(self) -> memoryview:
+        """The records, compressed as the producer compressed them."""
+        return self.data[RECORDS:]
+
+    def crc_valid(self) -> bool:
+        return self.header.magic == 2 and crc32c(self.data[ATTRIBUTES:]) == self.header.crc
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    batches: list[RecordBatch]
+    truncated: int  # bytes of an incomplete last batch left out (0: none)
+
+
+def parse_header(data: bytes | bytearray | memoryview) -> BatchHeader:
+    """The header of the batch at the start of `data` (which holds at least its header)."""
+    view = memoryview(data)
+    if len(view) < MAGIC + 1:
+        raise CorruptBatchError(f"{len(view)} bytes are too few for a batch header")
+    base_offset, length = _OFFSET_AND_LENGTH.unpack_from(view, 0)
+    magic = view[MAGIC]
+    if magic < 2:
+        return BatchHeader(base_offset, length, -1, magic, 0, 0, 0, -1, -1, -1, -1, -1, 0)
+    if magic != 2:
+        raise CorruptBatchError(f"batch at offset {base_offset} has unknown magic {magic}")
+    if length + LOG_OVERHEAD < HEADER_SIZE:
+        raise CorruptBatchError(f"batch at offset {base_offset} has length {length} < header")
+    if len(view) < HEADER_SIZE:
+        raise CorruptBatchError(f"batch at offset {base_offset}: header cut short")
+    return BatchHeader(*_HEADER.unpack_from(view, 0))
+
+
+def split_batches(records: bytes | bytearray | memoryview) -> Split:
+    """The batches in a Fetch response's records bytes, in log order.
+
+    The broker cuts a response at its size limit, so the last batch may be incomplete:
+    it is left out (`truncated` says how many bytes), to be fetched again from its offset.
+    """
+    view = memoryview(records)
+    batches: list[RecordBatch] = []
+    pos = 0
+    while len(view) - pos >= LOG_OVERHEAD:
+        _, length = _OFFSET_AND_LENGTH.unpack_from(view, pos)
+        if length < 0:
+            raise CorruptBatchError(f"negative batch length {length} at byte {pos}")
+        if length + LOG_OVERHEAD > len(view) - pos:
+            break  # the size limit cut this batch
+        batch = view[pos : pos + length + LOG_OVERHEAD]
+        batches.append(RecordBatch(parse_header(batch), batch))
+        pos += length + LOG_OVERHEAD
+    return Split(batches, len(view) - pos)
+
+
+class Decision(enum.Enum):
+    PASS = "pass"
+    DROP = "drop"
+    RECORDS = "records"
+
+
+class Reason(enum.Enum):
+    """Why a batch got its decision (the value is a metric label / log word)."""
+
+    WHOLE = "whole"  # PASS
+    CONTROL = "control"  # DROP: a transaction marker (or another control record)
+    ABORTED = "aborted"  # DROP: its transaction was aborted
+    OFFSET_GAPS = "offset_gaps"  # RECORDS: compaction removed records: count != delta + 1
+    STARTS_BEFORE_POSITION = "starts_before_position"  # RECORDS: fetched mid-batch
+    DELETE_HORIZON = "delete_horizon"  # RECORDS: compaction set a delete horizon
+    LOG_APPEND_TIME = "log_append_time"  # RECORDS: readers see the append time
+    LEGACY_MAGIC = "legacy_magic"  # RECORDS: magic 0 or 1, not a v2 batch
+
+    @property
+    def decision(self) -> Decision:
+        if self is Reason.WHOLE:
+            return Decision.PASS
+        if self in (Reason.CONTROL, Reason.ABORTED):
+            return Decision.DROP
+        return Decision.RECORDS
+
+
+def unpassable(header: BatchHeader) -> Reason | None:
+    """What in a batch's own header keeps it from being produced as is (None: nothing).
+
+    The broker takes a producer's v2 batch only when count == lastOffsetDelta + 1
+    (LogValidator.validateBatch) and never a control batch from a client.
+    """
+    if header.magic < 2:
+        return Reason.LEGACY_MAGIC
+    if header.control:
+        return Reason.CONTROL
+    if header.record_count != header.last_offset_delta + 1:
+        return Reason.OFFSET_GAPS
+    if header.has_delete_horizon:
+        # baseTimestamp holds the horizon, not the first record's timestamp
+        return Reason.DELETE_HORIZON
+    if header.log_append_time:
+        # a reader sees maxTimestamp (the append time) for every record; the records
+        # themselves carry create times
+        return Reason.LOG_APPEND_TIME
+    return None
+
+
+@dataclass(frozen=True)
+class AbortedTransaction:
+    """An entry of a Fetch response's aborted-transactions list."""
+
+    producer_id: int
+    first_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Classified:
+    batch: RecordBatch
+    reason: Reason
+
+    @property
+    def decision(self) -> Decision:
+        return self.reason.decision
+
+
+def control_type(batch: RecordBatch) -> int:
+    """The type in a control batch's first record key (0 ABORT, 1 COMMIT, ...); -1 for a
+    batch that compaction emptied (Kafka's consumer reads no marker in it either)."""
+    view = batch.payload
+    if batch.header.record_count == 0 or not len(view):
+        return -1
+    pos = 0
+    _, pos = _varint(view, pos)  # record length
+    pos += 1  # record attributes
+    _, pos = _varint(view, pos)  # timestamp delta
+    _, pos = _varint(view, pos)  # offset delta
+    key_length, pos = _varint(view, pos)
+    if key_length < 4 or pos + 4 > len(view):
+        raise CorruptBatchError(
+            f"control batch at offset {batch.header.base_offset} has a key of {key_length} bytes"
+        )
+    _version, kind = struct.unpack_from(">hh", view, pos)
+    return int(kind)
+
+
+def classify(
+    batches: Sequence[RecordBatch], position: int, aborted: Iterable[AbortedTransaction]
+) -> list[Classified]:
+    """Decide each batch of one fetch (in log order) fetched at `position`.
+
+    Aborted transactions are filtered as Kafka's read_committed consumer does
+    (CompletedFetch.nextFetchedRecord): before each batch with a producer id, the
+    producers whose aborted transaction starts at or before the batch's last offset
+    become aborted; their transactional batches are dropped until the producer's
+    ABORT marker, which ends it.
+    """
+    pending = sorted(aborted, key=lambda a: a.first_offset)
+    next_aborted = 0
+    aborted_producers: set[int] = set()
+    out: list[Classified] = []
+    for batch in batches:
+        header = batch.header
+        if header.magic >= 2 and header.producer_id != NO_PRODUCER_ID:
+            while (
+                next_aborted < len(pending)
+                and pending[next_aborted].first_offset <= header.last_offset
+            ):
+                aborted_producers.add(pending[next_aborted].producer_id)
+                next_aborted += 1
+            if header.control:
+                if control_type(batch) == CONTROL_TYPE_ABORT:
+                    aborted_producers.discard(header.producer_id)
+                out.append(Classified(batch, Reason.CONTROL))
+                continue
+            if header.transactional and header.producer_id in aborted_producers:
+                out.append(Classified(batch, Reason.ABORTED))
+                continue
+        reason = unpassable(header)
+        if reason is None and header.base_offset < position:
+            reason = Reason.STARTS_BEFORE_POSITION
+        out.append(Classified(batch, reason or Reason.WHOLE))
+    return out
+
+
+def rewrite_for_produce(
+    batch: RecordBatch,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    transactional: bool,
+) -> bytearray:
+    """The batch as this producer sends it: base offset 0, partition leader epoch -1, the
+    producer's id, epoch and base sequence (-1, -1, -1 when not idempotent), the
+    transactional bit as asked, the CRC-32C recomputed. Everything else is kept."""
+    reason = unpassable(batch.header)
+    if reason is not None:
+        raise ValueError(
+            f"batch at offset {batch.header.base_offset} cannot be produced as is: {reason.value}"
+        )
+    out = bytearray(batch.data)
+    attributes = batch.header.attributes & ~(TRANSACTIONAL_BIT | TIMESTAMP_TYPE_BIT)
+    if transactional:
+        attributes |= TRANSACTIONAL_BIT
+    struct.pack_into(">q", out, BASE_OFFSET, 0)
+    struct.pack_into(">i", out, PARTITION_LEADER_EPOCH, NO_PARTITION_LEADER_EPOCH)
+    struct.pack_into(">h", out, ATTRIBUTES, attributes)
+    struct.pack_into(">qhi", out, PRODUCER_ID, producer_id, producer_epoch, base_sequence)
+    struct.pack_into(">I", out, CRC, crc32c(memoryview(out)[ATTRIBUTES:]))
+    return out
+
+
+def next_sequence(sequence: int, count: int) -> int:
+    """The base sequence after a batch of `count` records at `sequence` (wraps at 2^31 - 1,
+    as DefaultRecordBatch.incrementSequence does)."""
+    if sequence > 0x7FFFFFFF - count:
+        return count - (0x7FFFFFFF - sequence) - 1
+    return sequence + count
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a passed-through batch landed: source offsets base..base+count-1 are target
+    offsets target_base..target_base+count-1, one for one (a PASS batch has no gaps)."""
+
+    source_base_offset: int
+    record_count: int
+    target_base_offset: int
+
+    @property
+    def source_last_offset(self) -> int:
+        return self.source_base_offset + self.record_count - 1
+
+    def target_offset(self, source_offset: int) -> int:
+        delta = source_offset - self.source_base_offset
+        if not 0 <= delta < self.record_count:
+            raise ValueError(f"source offset {source_offset} is not in this batch")
+        return self.target_base_offset + delta
+
+
+def _varint(view: memoryview, pos: int) -> tuple[int, int]:
+    """A zigzag varint at `pos`: (value, position after it)."""
+    shift = 0
+    raw = 0
+    while True:
+        if pos >= len(view) or shift > 63:
+            raise CorruptBatchError("a varint runs past its batch")
+        byte = view[pos]
+        pos += 1
+        raw |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            break
+        shift += 7
+    return (raw >> 1) ^ -(raw & 1), pos
