@@ -14,6 +14,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka import clients
+from mm2py.replication.progress import read_recorded
 
 T = TypeVar("T")
 
@@ -415,3 +416,13 @@ class LiveProducer:
         else:
             self._stop.set()
             self._thread.join(150)
+
+
+def recorded_progress(target: LocalCluster, source: str, topic: str) -> dict[int, int]:
+    """The last copied offset of each partition of `source`'s `topic` recorded on `target`
+    (mm2-offsets.<source>.internal, read by the daemon's own decoder: what a task's next
+    owner starts after)."""
+    found = read_recorded(
+        target.client_properties(), target.alias, source, f"mm2-offsets.{source}.internal", 30.0
+    )
+    return {partition: offset for (t, partition), offset in found.items() if t == topic}

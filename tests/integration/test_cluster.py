@@ -43,8 +43,6 @@ from confluent_kafka.admin._resource import ResourceType
 from mm2py.compat.formats import (
     Checkpoint,
     Heartbeat,
-    SourceProgressKey,
-    decode_progress_value,
 )
 from mm2py.dev.launcher import LocalCluster
 from mm2py.dev.mirrormaker import RealMirrorMaker
@@ -67,6 +65,7 @@ from tests.kafka_helpers import (
     create_topic,
     produce,
     read_all,
+    recorded_progress,
     wait_until,
 )
 
@@ -324,21 +323,6 @@ def _assert_copied(
     return {p: replays for p, replays in repeats.items() if replays.repeated}
 
 
-def _progress(b: LocalCluster, topic: str) -> dict[int, int]:
-    """The last offset of each partition of `topic` on A whose copy is recorded on B
-    (mm2-offsets.A.internal: the progress a task's next owner starts after)."""
-    found: dict[int, int] = {}
-    for rec in read_all(b, "mm2-offsets.A.internal"):
-        try:
-            key = SourceProgressKey.decode(rec.key)
-        except ValueError:
-            continue  # another connector's key
-        offset = decode_progress_value(rec.value)
-        if key.cluster == "A" and key.topic == topic and offset is not None:
-            found[key.partition] = offset
-    return found
-
-
 # -- tests ------------------------------------------------------------------------------
 
 
@@ -382,10 +366,10 @@ def test_a_dead_nodes_tasks_resume_elsewhere_within_15_s_losing_nothing(
         assert len(children) == len(orphans) == 2, (children, orphans)
         # Killed while copying steadily: once it has recorded progress of its own, which
         # the next owner must start after (a task may need seconds to start here).
-        earlier = _progress(cluster_b, unique)
+        earlier = recorded_progress(cluster_b, "A", unique)
 
         def progress() -> dict[int, int] | None:
-            found = _progress(cluster_b, unique)
+            found = recorded_progress(cluster_b, "A", unique)
             ahead = all(found.get(p, -1) > earlier.get(p, -1) for p in moved)
             return found if ahead else None
 

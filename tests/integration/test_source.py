@@ -13,8 +13,6 @@ from confluent_kafka.admin import NewPartitions
 
 from mm2py.compat.formats import (
     OffsetSync,
-    SourceProgressKey,
-    decode_progress_value,
     is_contiguous_sync,
     is_position_sync,
 )
@@ -31,6 +29,7 @@ from tests.kafka_helpers import (
     end_transaction,
     produce,
     read_all,
+    recorded_progress,
     wait_until,
 )
 
@@ -61,20 +60,6 @@ def _copied(b: LocalCluster, remote: str, count: int) -> list[Rec]:
             return None  # e.g. the broker is just restarting: ask again
 
     return wait_until(probe, timeout=60, what=f"{count} records in {remote}")
-
-
-def _progress(b: LocalCluster, source: str, topic: str) -> dict[tuple[str, int], int]:
-    """The progress recorded on `b` for the partitions of `topic` from `source`."""
-    found: dict[tuple[str, int], int] = {}
-    for rec in read_all(b, f"mm2-offsets.{source}.internal"):
-        try:
-            key = SourceProgressKey.decode(rec.key)
-        except ValueError:
-            continue  # a heartbeat or checkpoint connector's key (written by real MM2)
-        offset = decode_progress_value(rec.value)
-        if key.topic == topic and key.cluster == source and offset is not None:
-            found[(key.topic, key.partition)] = offset
-    return found
 
 
 def test_records_are_copied_byte_equal_per_partition(
@@ -214,7 +199,7 @@ def test_clean_restart_loses_nothing_and_copies_nothing_twice(
         _copied(cluster_b, f"A.{unique}", 200)
         code, took = daemon.stop(signal.SIGINT)
         assert code == 0 and took < 10
-    assert _progress(cluster_b, "A", unique) == {(unique, 0): 99, (unique, 1): 99}
+    assert recorded_progress(cluster_b, "A", unique) == {0: 99, 1: 99}
     produce(cluster_a, unique, [(i % 2, None, f"{i}".encode()) for i in range(200, 400)])
     with running_daemon(config):
         copied = _copied(cluster_b, f"A.{unique}", 400)
@@ -278,7 +263,7 @@ def test_target_broker_restart_is_survived(
         # the task restarts from the recorded progress, and at-least-once delivery may
         # copy again what was copied after it. Here nothing was.
         wait_until(
-            lambda: _progress(cluster_b, "A", unique) == {(unique, 0): 49, (unique, 1): 49},
+            lambda: recorded_progress(cluster_b, "A", unique) == {0: 49, 1: 49},
             what="the progress of the first 100 records",
         )
         clusters.kafka.stop("B")
@@ -309,4 +294,4 @@ def test_oversized_record_stops_its_partition_with_a_clear_error(
         assert 'mm2py_errors_total{part="source",source="A",target="B"}' in daemon.metrics()
         assert all(r.value != b"L" * 20_000 for r in read_all(cluster_b, f"A.{unique}"))
         daemon.stop()
-    assert _progress(cluster_b, "A", unique).get((unique, 0), -1) < 5
+    assert recorded_progress(cluster_b, "A", unique).get(0, -1) < 5
