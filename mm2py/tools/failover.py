@@ -72,7 +72,7 @@ class NotCopied:
     records: int
     first_offset: int
     last_offset: int
-    seen_at: str  # ISO-8601 UTC: when the replicator last saw the source's end
+    seen_at: str  # ISO-8601 UTC: when the replicator recorded the source's end
 
 
 @dataclass
@@ -81,7 +81,8 @@ class FailoverResult:
     target: str
     dry_run: bool
     mode: str = "planned"
-    not_copied: list[NotCopied] = field(default_factory=list)  # --disaster
+    not_copied: list[NotCopied] | None = field(default_factory=list)  # --disaster; None: unknown
+    not_copied_unknown: str = ""  # why not_copied is None
     diverged: list[Diverged] = field(default_factory=list)  # --diverged
     behind: dict[str, int] = field(default_factory=dict)  # "topic-partition" -> records not copied
     reports: list[Report] = field(default_factory=list)
@@ -104,7 +105,11 @@ class FailoverResult:
         elif self.mode == "planned":
             data["not_copied_yet"] = self.behind
         else:
-            data["not_copied"] = [asdict(n) for n in self.not_copied]
+            if self.not_copied is None:
+                data["not_copied"] = None
+                data["not_copied_unknown"] = self.not_copied_unknown
+            else:
+                data["not_copied"] = [asdict(n) for n in self.not_copied]
         return json.dumps(data, indent=2) + "\n"
 
     def to_text(self) -> str:
@@ -115,13 +120,7 @@ class FailoverResult:
             behind = ", ".join(f"{tp} ({n} records)" for tp, n in sorted(self.behind.items()))
             lines.append(f"not copied yet: {behind}\n")
         if self.mode == "disaster":
-            lost = sum(n.records for n in self.not_copied)
-            lines.append(f"never copied: {lost} records\n")
-            lines += [
-                f"  {n.topic}-{n.partition}: {n.records} records, offsets {n.first_offset} to "
-                f"{n.last_offset} (the source's end as seen at {n.seen_at})\n"
-                for n in self.not_copied
-            ]
+            lines += self._never_copied_text()
         verdict = (
             f"failover {self.source} -> {self.target}: "
             + ("dry run, nothing committed; " if self.dry_run else "")
@@ -134,6 +133,16 @@ class FailoverResult:
         )
         lines.append(verdict + "\n")
         return "".join(lines)
+
+    def _never_copied_text(self) -> list[str]:
+        if self.not_copied is None:
+            return [f"never copied: not known: {self.not_copied_unknown}\n"]
+        lost = sum(n.records for n in self.not_copied)
+        return [f"never copied: {lost} records\n"] + [
+            f"  {n.topic}-{n.partition}: {n.records} records, offsets {n.first_offset} to "
+            f"{n.last_offset} (the source's end as seen at {n.seen_at})\n"
+            for n in self.not_copied
+        ]
 
     def _diverged_text(self) -> str:
         tail = sum(d.records for d in self.diverged)
@@ -294,7 +303,7 @@ def disaster_failover(
     names = sorted({cp.consumer_group_id for cp, _ts in (loaded or {}).values()})
     result.reports = [gather(config, flow, g) for g in names]
     incomplete = [r.group for r in result.reports if not r.complete and r.rows]
-    result.not_copied = _never_copied(config, flow)
+    result.not_copied, result.not_copied_unknown = _never_copied(config, flow)
     if not names:
         result.missing.append("no group has checkpoints (matching --groups) on the target")
         return result
@@ -322,8 +331,22 @@ def diverged_tail(config: MirrorConfig, flow: FlowConfig) -> FailoverResult:
     return result
 
 
-def _never_copied(config: MirrorConfig, flow: FlowConfig) -> list[NotCopied]:
-    store = ProgressStore.of_flow(flow, config.cluster(flow.target).librdkafka("producer"))
+def _never_copied(config: MirrorConfig, flow: FlowConfig) -> tuple[list[NotCopied] | None, str]:
+    """What the target never got, from the source ends recorded beside the progress; None
+    and why when no end of the flow's topics is recorded (nothing is created on the
+    target: a --dry-run writes nothing)."""
+    target = config.cluster(flow.target)
+    unknown = (
+        f"no source end offsets of {flow.source}'s topics are recorded in {flow.offsets_topic} "
+        f"on {flow.target} (mm2py's replicator records them every 10 s; MM2 does not)"
+    )
+    admin = clients.admin_client(target.librdkafka("admin"))
+    try:
+        if flow.offsets_topic not in partition_counts(admin, flow.settings.admin_timeout):
+            return None, unknown
+    except KafkaException as exc:
+        raise FailoverError(f"listing the topics of {flow.target}: {error_text(exc)}") from None
+    store = ProgressStore.of_flow(flow, target.librdkafka("producer"))
     ends: dict[tuple[str, int], tuple[int, int]] = {}
     try:
         progress = store.load(past_open_transactions=True, source_ends=ends)
@@ -332,12 +355,14 @@ def _never_copied(config: MirrorConfig, flow: FlowConfig) -> list[NotCopied]:
     finally:
         store.close()
     rules = FlowRules(flow)
+    # Ends of other topics were recorded when the flow's topics were others.
+    recorded = sorted((tp, end) for tp, end in ends.items() if rules.should_replicate(tp[0]))
+    if not recorded:
+        return None, unknown
     found = []
-    for (topic, partition), (end, seen_at) in sorted(ends.items()):
-        if not rules.should_replicate(topic):
-            continue  # recorded when the flow's topics were others (or by another config)
+    for (topic, partition), (end, seen_at) in recorded:
         first = progress.get((topic, partition), -1) + 1
         if end > first:
             when = datetime.fromtimestamp(seen_at / 1000, UTC).isoformat(timespec="milliseconds")
             found.append(NotCopied(topic, partition, end - first, first, end - 1, when))
-    return found
+    return found, ""

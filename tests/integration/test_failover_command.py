@@ -38,6 +38,7 @@ from tests.integration.test_failover import (
     mode_config,
     numbered,
     read_rest_on_b,
+    run_config,
     score,
 )
 from tests.kafka_helpers import commit_offsets, create_topic, produce, read_all, wait_until
@@ -325,3 +326,27 @@ def test_failback_after_a_disaster_is_exact_and_lists_the_divergent_tail(
     rest = read_rest_on_b(a, f"B.{topic}", group, valid - set(on_b_own))
     out = score("failback, B's own topic", on_b_own, valid, rest)
     assert (out.duplicates, out.gaps, out.read_on_b) == (0, 0, 20), out.line()
+
+
+def test_disaster_failover_without_recorded_source_ends_says_it_does_not_know(
+    clusters: Clusters, tmp_path: Path
+) -> None:
+    """What was never copied is not known where no source end is recorded (MM2 records
+    none, nor does a replicator that never ran): the report says so, not "0 records",
+    and a dry run creates nothing on B."""
+    a, b = clusters["A"], clusters["B"]
+    prefix = f"fo-unk-{uuid.uuid4().hex[:8]}"
+    offsets = f"{prefix}-offsets"
+    config = run_config(tmp_path, a, b, prefix, **{"offset.storage.topic": offsets})
+    done = _failover(config, prefix, "--disaster", "--dry-run")
+    result = json.loads(done.stdout)
+    assert result["not_copied"] is None, result
+    assert offsets in result["not_copied_unknown"], result
+    assert result["ok"] is False and done.returncode != 0  # no group has checkpoints
+    admin = clients.admin_client(b.client_properties())
+    assert offsets not in admin.list_topics(timeout=30).topics
+    command = [sys.executable, "-m", "mm2py.cli", "failover", str(config), "--source", "A"]
+    command += ["--target", "B", "--groups", f"{prefix}-.*", "--disaster", "--dry-run"]
+    text = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    shown = "never copied: not known: no source end offsets of A's topics are recorded in "
+    assert shown + offsets in text.stdout, text.stdout + text.stderr
