@@ -31,8 +31,10 @@ from confluent_kafka import KafkaError
 
 from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.kafka import clients
+from mm2py.kafka.raw_partition import IdempotentRawProducer, RawFetcher
 from mm2py.parts.discovery import TopicChanges, TopicDiscovery
 from mm2py.replication import transactions
+from mm2py.replication.batch_copier import FETCH_WAIT_MS, BatchCopier
 from mm2py.replication.client_settings import (
     CONSUMER_REQUIRED,
     PRODUCER_REQUIRED,
@@ -235,10 +237,16 @@ class SourcePart(FlowPart):
                 flow.settings.schema_registry_unresolved_ids,
                 self.stats.schemas,
             )
-        loop = self._record_copier(
-            consumer, producer, progress, syncs, stored, txns, failed, target_props, schemas
-        )
-        reset_log.on_reset = loop.offset_reset
+        loop: Copier
+        if flow.settings.copies_batches:
+            loop = self._batch_copier(
+                source_props, target_props, consumer, producer, progress, syncs, stored
+            )
+        else:
+            loop = self._record_copier(
+                consumer, producer, progress, syncs, stored, txns, failed, target_props, schemas
+            )
+            reset_log.on_reset = loop.offset_reset
         self._loop = loop
         discovery = TopicDiscovery(
             rules, source_admin, target_admin, producer, set(stored), self.slot
@@ -298,6 +306,41 @@ class SourcePart(FlowPart):
             # A configured linger is the user's trade of latency for batching: kept.
             send_when_caught_up=not any(key in target_props for key in LINGER_KEYS),
             schemas=schemas,
+        )
+
+    def _batch_copier(
+        self,
+        source_props: Mapping[str, str],
+        target_props: Mapping[str, str],
+        consumer: Any,
+        producer: Any,
+        progress: ProgressStore,
+        syncs: OffsetSyncWriter | None,
+        stored: Mapping[SourcePartition, int],
+    ) -> BatchCopier:
+        """The batch copier (``replication.copy.mode = batch``; the loader allows it
+        at-least-once only), with the record path's consumer and producer for batches
+        that must go record by record."""
+        flow = self.flow
+
+        def fetcher_for(topic: str, partition: int) -> RawFetcher:
+            return RawFetcher(source_props, topic, partition, max_wait_ms=FETCH_WAIT_MS)
+
+        def producer_for(topic: str, partition: int) -> IdempotentRawProducer:
+            return IdempotentRawProducer(target_props, topic, partition)
+
+        return BatchCopier(
+            flow.name,
+            flow.target,
+            consumer,
+            producer,
+            progress,
+            syncs,
+            self.stats,
+            stored,
+            fetcher_for,
+            producer_for,
+            poll_timeout=self.rules.settings.consumer_poll_timeout,
         )
 
     def _copy(self, loop: Copier, found: queue.SimpleQueue[TopicChanges]) -> None:
