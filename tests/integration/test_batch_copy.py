@@ -22,6 +22,7 @@ from confluent_kafka import KafkaError, KafkaException
 from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka import clients
 from mm2py.kafka.internal_topics import read_offset_syncs
+from mm2py.replication.progress import ProgressStore
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.kafka_helpers import (
     RECENT_MS,
@@ -39,12 +40,19 @@ pytestmark = pytest.mark.integration
 PARTITIONS = 2
 RECORDS = 3000
 SYNCS_TOPIC = "mm2-offset-syncs.B.internal"
+_COORDINATOR_NOT_READY = (
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+)
 
 
 def _produce(cluster: LocalCluster, topic: str, compression: str, count: int = RECORDS) -> None:
     """Records with keys, headers (one empty, one null) and distinct timestamps."""
     producer = clients.producer(
-        cluster.client_properties(), {"linger.ms": 20, "compression.type": compression}
+        cluster.client_properties(),
+        # batches of about 70 records: many per partition
+        {"linger.ms": 20, "compression.type": compression, "batch.size": 16384},
     )
     for n in range(count):
         producer.produce(
@@ -97,15 +105,16 @@ def _by_partition(recs: list[Rec]) -> dict[int, list[Rec]]:
     return out
 
 
-def _copied(a: LocalCluster, b: LocalCluster, topic: str) -> bool:
-    """Whether B holds every record of `topic` read from A (read_committed)."""
-    source = read_all(a, topic)
+def _copied(a: LocalCluster, b: LocalCluster, topic: str, after: int = -1) -> bool:
+    """Whether B holds every record of `topic` read from A (read_committed) after `after`."""
+    source = [r for r in read_all(a, topic) if r.offset > after]
     return len(read_all(b, f"A.{topic}")) >= len(source) > 0
 
 
-def _check_exact(a: LocalCluster, b: LocalCluster, topic: str) -> None:
-    """Same records in the same order; every offset and the end translate exactly."""
-    source = _by_partition(read_all(a, topic))
+def _check_exact(a: LocalCluster, b: LocalCluster, topic: str, after: int = -1) -> None:
+    """Same records in the same order (those after source offset `after`); every offset
+    and the end translate exactly."""
+    source = _by_partition([r for r in read_all(a, topic) if r.offset > after])
     target = _by_partition(read_all(b, f"A.{topic}"))
     assert sorted(source) == sorted(target) == list(range(PARTITIONS)), topic
     store = read_offset_syncs(a.client_properties(), "A", SYNCS_TOPIC)
@@ -123,11 +132,11 @@ def _check_exact(a: LocalCluster, b: LocalCluster, topic: str) -> None:
 
 
 def _commit(cluster: LocalCluster, group: str, offsets: dict[tuple[str, int], int]) -> bool:
-    """Commit, False while the group coordinator is still loading (fresh clusters)."""
+    """Commit, False while the group coordinator is not ready yet (fresh clusters)."""
     try:
         commit_offsets(cluster, group, offsets)
     except KafkaException as exc:
-        if exc.args[0].code() != KafkaError.COORDINATOR_LOAD_IN_PROGRESS:
+        if exc.args[0].code() not in _COORDINATOR_NOT_READY:
             raise
         return False
     return True
@@ -218,9 +227,9 @@ def test_batch_mode_copies_batches_identically_with_exact_syncs(
         assert line in metrics, (line, [m for m in metrics.splitlines() if topic in m][:5])
 
 
-def _exact_now(a: LocalCluster, b: LocalCluster, topic: str) -> bool:
+def _exact_now(a: LocalCluster, b: LocalCluster, topic: str, after: int = -1) -> bool:
     try:
-        _check_exact(a, b, topic)
+        _check_exact(a, b, topic, after)
     except AssertionError as exc:
         print(f"not exact yet: {exc}")
         return False
@@ -234,3 +243,47 @@ def _translated(config: Path, group: str) -> dict[str, object] | None:
         return None
     report: dict[str, object] = json.loads(done.stdout)
     return report
+
+
+def _reasons(log_text: str) -> dict[str, int]:
+    """The batch copier's last count of batches by reason, from the daemon's log."""
+    line = log_text.rsplit("batches by reason since the start: ", 1)[1].split("\n")[0]
+    return {word.split("=")[0]: int(word.split("=")[1]) for word in line.split()}
+
+
+def test_batch_mode_resumes_from_progress_inside_a_zstd_batch(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
+) -> None:
+    """Progress left inside a batch (by MM2 or the record copier): that batch goes record
+    by record from the next offset (librdkafka decodes its zstd), the rest as it is."""
+    create_topic(cluster_a, unique, partitions=PARTITIONS)
+    _produce(cluster_a, unique, "zstd")
+    last_copied = 10  # inside each partition's first batch
+    store = ProgressStore(cluster_b.client_properties(), "B", "A", "mm2-offsets.A.internal", 1)
+    try:
+        store.submit({(unique, p): last_copied for p in range(PARTITIONS)}, lambda *_: None)
+        assert store.flush(30)
+    finally:
+        store.close()
+    config = tmp_path / "mm2.properties"
+    config.write_text(
+        mm2_properties(cluster_a, cluster_b, unique, **{"replication.copy.mode": "batch"})
+    )
+    with running_daemon(config) as daemon:
+        wait_until(
+            lambda: _copied(cluster_a, cluster_b, unique, last_copied),
+            timeout=120,
+            interval=1.0,
+            what=f"the records of {unique} after offset {last_copied} on B",
+        )
+        wait_until(
+            lambda: _exact_now(cluster_a, cluster_b, unique, last_copied),
+            timeout=30,
+            interval=1.0,
+            what=f"{unique}'s offsets translating exactly",
+        )
+        assert daemon.stop()[0] == 0
+        reasons = _reasons(daemon.log())
+    copies = read_all(cluster_b, f"A.{unique}")
+    assert len(copies) == RECORDS - PARTITIONS * (last_copied + 1)
+    assert reasons["starts_before_position"] == PARTITIONS and reasons["whole"] > 0, reasons
