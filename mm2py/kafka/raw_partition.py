@@ -77,6 +77,11 @@ class RawPartitionError(Exception):
     partition and error, and what to do."""
 
 
+class OffsetOutOfRange(RawPartitionError):
+    """The fetch position is not in the partition's log (deleted by retention or
+    delete_records, or past the end of a truncated or recreated partition)."""
+
+
 @dataclass(frozen=True)
 class Fetched:
     """One Fetch answer for a partition, at read_committed."""
@@ -334,11 +339,15 @@ class RawFetcher(_RawPartition):
                 return data
             error = _error_class(code)
             if error is aiokafka_errors.OffsetOutOfRangeError:
-                raise self.error(
-                    "fetch",
-                    f"offset {position} is out of range",
-                    "The records were deleted by retention or the partition was truncated; "
-                    "restart the copy from the log start",
+                raise OffsetOutOfRange(
+                    str(
+                        self.error(
+                            "fetch",
+                            f"offset {position} is out of range",
+                            "The records were deleted by retention or the partition was "
+                            "truncated; restart the copy from the log start",
+                        )
+                    )
                 )
             if not error.retriable:
                 raise self.error("fetch", error.__name__, "Not retriable; see the broker's log")

@@ -22,8 +22,11 @@ Contract, per assigned source partition, on the one thread that owns the copier:
   progress, syncs and the statistics go through the `AtLeastOnce` committer, as the
   record copier's do. A PASS batch counts its records, its bytes as stored (compressed),
   and its latency and record age spread from its base to its max timestamp.
-- A fetch or produce that fails for good raises (`RawPartitionError`): the part restarts
-  from its progress (records after it may be copied twice, as at-least-once allows).
+- A position outside the log (`OffsetOutOfRange`) continues from the log start, counting
+  the offsets below it as deleted before they were copied (`PartitionStats.skipped`).
+  Any other fetch or produce that fails for good raises (`RawPartitionError`): the part
+  restarts from its progress (records after it may be copied twice, as at-least-once
+  allows).
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from mm2py.kafka.raw_partition import IdempotentRawProducer, RawFetcher
+from mm2py.kafka.raw_partition import IdempotentRawProducer, OffsetOutOfRange, RawFetcher
 from mm2py.kafka.record_batches import Decision, Reason, RecordBatch, classify, split_batches
+from mm2py.logs import partition_fields
 from mm2py.replication.committers import AtLeastOnce
 from mm2py.replication.copy_loop import NewPartition, describe_partitions
 from mm2py.replication.delivery import PartitionState, record_size
@@ -200,7 +204,11 @@ class BatchCopier:
     def _copy_fetch(self, part: _Partition) -> None:
         """Fetch from the partition's position and copy what came, batch by batch."""
         state = part.state
-        fetched = part.fetcher.fetch(part.position)
+        try:
+            fetched = part.fetcher.fetch(part.position)
+        except OffsetOutOfRange:
+            self._restart_at_log_start(part)
+            return
         wall = time.time()
         split = split_batches(fetched.records)
         passing: list[RecordBatch] = []
@@ -217,6 +225,38 @@ class BatchCopier:
         self._pass(part, passing, wall)
         state.stats.lag = max(fetched.high_watermark - part.position, 0)
         self._sync_position(part)
+
+    def _restart_at_log_start(self, part: _Partition) -> None:
+        """The position is not in the log: continue from the log start, as the record
+        copier's consumer does (auto.offset.reset = earliest); offsets below it were
+        deleted before they were copied (counted in `skipped` and logged, as there)."""
+        state = part.state
+        low = self._log_start(state)
+        if part.position < low:
+            state.stats.skipped += low - part.position
+            log.warning(
+                "flow %s: %s-%s: offsets %d..%d (%d records) were deleted on the source "
+                "before they were copied",
+                self.flow_name,
+                state.topic,
+                state.partition,
+                part.position,
+                low - 1,
+                low - part.position,
+                extra=partition_fields(state.topic, state.partition),
+            )
+        else:
+            log.warning(
+                "flow %s: %s-%s: offset %d is past the partition's end (truncated or "
+                "created again); copying from its log start %d",
+                self.flow_name,
+                state.topic,
+                state.partition,
+                part.position,
+                low,
+                extra=partition_fields(state.topic, state.partition),
+            )
+        part.position = low
 
     def _pass(self, part: _Partition, batches: list[RecordBatch], wall: float) -> None:
         """Produce PASS batches as they are; each proves its records where it landed."""

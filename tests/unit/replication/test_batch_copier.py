@@ -3,9 +3,11 @@ or go record by record, and the offset syncs, progress and counts that follow.""
 
 from __future__ import annotations
 
+from typing import Any
+
 from confluent_kafka import TopicPartition
 
-from mm2py.kafka.raw_partition import Fetched
+from mm2py.kafka.raw_partition import Fetched, OffsetOutOfRange
 from mm2py.kafka.record_batches import (
     CONTROL_TYPE_ABORT,
     CONTROL_TYPE_COMMIT,
@@ -29,6 +31,7 @@ class FakeFetcher:
         self.log = log
         self.aborted = list(aborted)
         self.fetches: list[int] = []
+        self.log_start = 0
         self.opened = self.closed = False
 
     def open(self) -> None:
@@ -39,6 +42,8 @@ class FakeFetcher:
 
     def fetch(self, position: int) -> Fetched:
         self.fetches.append(position)
+        if position < self.log_start:
+            raise OffsetOutOfRange(f"offset {position} is out of range")
         data = b""
         end = 0
         for raw in self.log:
@@ -81,6 +86,11 @@ class RecordsConsumer(FakeConsumer):
 
     def unassign(self) -> None:
         self.assigned = []
+
+    def get_watermark_offsets(self, tp: TopicPartition, timeout: float, cached: bool) -> Any:
+        return (self.log_start, 100)
+
+    log_start = 0
 
 
 class RecordingSyncs:
@@ -203,3 +213,16 @@ def test_finish_records_progress_and_closes_the_raw_clients() -> None:
     copier.finish(0.0)
     assert progress.written == {("t", 0): 1}
     assert fetcher.closed and raw.closed
+
+
+def test_records_deleted_before_they_were_copied_are_counted_and_skipped() -> None:
+    copier, fetcher, raw, syncs, _ = _copier([_records(5, 3)], stored={("t", 0): 1})
+    fetcher.log_start = 5
+    consumer: RecordsConsumer = copier.consumer
+    consumer.log_start = 5
+    copier.copy_batch(lambda: False)  # 2 is out of range: on from the log start
+    copier.copy_batch(lambda: False)
+    assert fetcher.fetches == [2, 5]
+    state = copier.by_source[("t", 0)]
+    assert state.stats.skipped == 3 and state.stats.records == 3
+    assert raw.produced == [5] and syncs.written == [(5, TARGET_START, False)]
