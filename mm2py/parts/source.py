@@ -226,6 +226,9 @@ class SourcePart(FlowPart):
                 ),
                 "error_cb": self._access_watch(self.source, source_props),
                 "logger": reset_log,
+                # The batch copier's hand-over to the record path reads to a batch's end,
+                # which compaction may have emptied: the end of the partition ends it too.
+                **({"enable.partition.eof": True} if flow.settings.copies_batches else {}),
             },
         )
         schemas: SchemaTranslator | None = None

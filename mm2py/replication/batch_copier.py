@@ -76,10 +76,10 @@ class _Partition:
 class BatchCopier:
     """Copies the assigned partitions of one flow (A->B) batch by batch (see the module).
 
-    Takes its clients ready-made: the source consumer and target producer of the record
-    path (confluent-kafka: RECORDS batches, log start offsets, and the committer's
-    flushes), and factories of each partition's raw fetcher and producer, called (and
-    opened) when the partition is assigned.
+    Takes its clients ready-made: the source consumer (with ``enable.partition.eof``) and
+    target producer of the record path (confluent-kafka: RECORDS batches, log start
+    offsets, and the committer's flushes), and factories of each partition's raw fetcher
+    and producer, called (and opened) when the partition is assigned.
     """
 
     def __init__(
@@ -220,7 +220,7 @@ class BatchCopier:
             self._pass(part, passing, wall)
             passing = []
             if item.decision is Decision.RECORDS:
-                self._copy_records(part, item.batch, fetched.last_stable_offset)
+                self._copy_records(part, item.batch)
             part.position = item.batch.header.last_offset + 1
         self._pass(part, passing, wall)
         state.stats.lag = max(fetched.high_watermark - part.position, 0)
@@ -280,13 +280,13 @@ class BatchCopier:
             committer.on_copied(stats, count, first_ts, last_ts, now)
         part.position = batches[-1].header.last_offset + 1
 
-    def _copy_records(self, part: _Partition, batch: RecordBatch, stable: int) -> None:
+    def _copy_records(self, part: _Partition, batch: RecordBatch) -> None:
         """Copy the records of `batch` from the partition's position through the record
         path's consumer and producer; returns once every one is acknowledged."""
         state = part.state
         first = max(part.position, batch.header.base_offset)
         last = batch.header.last_offset
-        msgs = self._read_records(state, first, last, stable)
+        msgs = self._read_records(state, first, last)
         reports: list[tuple[KafkaError | None, int]] = []
 
         def on_delivery(err: KafkaError | None, msg: Any) -> None:
@@ -339,24 +339,31 @@ class BatchCopier:
             len(msgs),
         )
 
-    def _read_records(self, state: PartitionState, first: int, last: int, stable: int) -> list[Any]:
-        """The records a read_committed reader sees at offsets first..last."""
+    def _read_records(self, state: PartitionState, first: int, last: int) -> list[Any]:
+        """The records a read_committed reader sees at offsets first..last: read until a
+        record past `last`, the position past it, or the end of the partition (the
+        consumer reports it: ``enable.partition.eof``). Compaction may have removed the
+        batch's last records, so reaching `last` itself is not to be waited for."""
         consumer = self.consumer
-        tp = TopicPartition(state.topic, state.partition, first)
-        consumer.assign([tp])
+        consumer.assign([TopicPartition(state.topic, state.partition, first)])
         msgs: list[Any] = []
         deadline = time.monotonic() + RECORDS_TIMEOUT
         try:
             while True:
                 for msg in consumer.consume(CONSUME_CHUNK, 0.1):
-                    if msg.error() is not None:
-                        if msg.error().fatal():
-                            raise KafkaException(msg.error())
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            return msgs
+                        if err.fatal():
+                            raise KafkaException(err)
                         continue
-                    if first <= msg.offset() <= last:
+                    if msg.offset() > last:
+                        return msgs
+                    if msg.offset() >= first:
                         msgs.append(msg)
                 (now_at,) = consumer.position([state.source_tp])
-                if now_at.offset > last or (now_at.offset >= stable and now_at.offset >= first):
+                if now_at.offset > last:
                     return msgs
                 if time.monotonic() > deadline:
                     raise RuntimeError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 from mm2py.kafka.raw_partition import Fetched, OffsetOutOfRange
 from mm2py.kafka.record_batches import (
@@ -226,3 +226,23 @@ def test_records_deleted_before_they_were_copied_are_counted_and_skipped() -> No
     state = copier.by_source[("t", 0)]
     assert state.stats.skipped == 3 and state.stats.records == 3
     assert raw.produced == [5] and syncs.written == [(5, TARGET_START, False)]
+
+
+def test_a_compacted_batch_at_the_end_is_read_until_the_partitions_end() -> None:
+    """Compaction removed the batch's last records (offsets 2 and 3): the record path reads
+    what is left and stops at the end of the partition, not waiting for offset 3."""
+    gaps = batch(0, [record(0, 0, b"k", b"v0"), record(1, 0, b"k", b"v1")], last_offset_delta=3)
+    copier, fetcher, raw, syncs, _ = _copier([gaps])
+    consumer: RecordsConsumer = copier.consumer
+    eof = KafkaError(KafkaError._PARTITION_EOF)
+    consumer.queued = [Record("t", 0, 0), Record("t", 0, 1), Record("t", 0, 2, error=eof)]
+    copier.copy_batch(lambda: False)
+    producer: FakeProducer = copier.producer
+    assert [r.offset() for r in producer.written] == [0, 1] and raw.produced == []
+    assert copier.reasons[Reason.OFFSET_GAPS] == 1
+    state = copier.by_source[("t", 0)]
+    assert (state.acked, state.acked_downstream) == (1, 1)
+    # A group that read everything sits at 4, past the removed offsets.
+    assert syncs.written == [(0, 0, False), (1, 1, False), (4, 2, True)]
+    copier.copy_batch(lambda: False)
+    assert fetcher.fetches == [0, 4]
