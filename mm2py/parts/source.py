@@ -344,6 +344,7 @@ class SourcePart(FlowPart):
             fetcher_for,
             producer_for,
             poll_timeout=self.rules.settings.consumer_poll_timeout,
+            on_partition_failed=self.errors.inc,
         )
 
     def _copy(self, loop: Copier, found: queue.SimpleQueue[TopicChanges]) -> None:

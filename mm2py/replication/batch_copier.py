@@ -24,9 +24,10 @@ Contract, per assigned source partition, on the one thread that owns the copier:
   and its latency and record age spread from its base to its max timestamp.
 - A position outside the log (`OffsetOutOfRange`) continues from the log start, counting
   the offsets below it as deleted before they were copied (`PartitionStats.skipped`).
-  Any other fetch or produce that fails for good raises (`RawPartitionError`): the part
-  restarts from its progress (records after it may be copied twice, as at-least-once
-  allows).
+  A batch or record the target rejects (`BatchRejected`, a delivery error) stops its
+  partition, naming it, as the record copier does. Any other fetch or produce that fails
+  for good raises (`RawPartitionError`): the part restarts from its progress (records
+  after it may be copied twice, as at-least-once allows).
 """
 
 from __future__ import annotations
@@ -39,12 +40,17 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from mm2py.kafka.raw_partition import IdempotentRawProducer, OffsetOutOfRange, RawFetcher
+from mm2py.kafka.raw_partition import (
+    BatchRejected,
+    IdempotentRawProducer,
+    OffsetOutOfRange,
+    RawFetcher,
+)
 from mm2py.kafka.record_batches import Decision, Reason, RecordBatch, classify, split_batches
 from mm2py.logs import partition_fields
 from mm2py.replication.committers import AtLeastOnce
 from mm2py.replication.copy_loop import NewPartition, describe_partitions
-from mm2py.replication.delivery import PartitionState, record_size
+from mm2py.replication.delivery import PartitionState, producer_failed, record_size
 from mm2py.replication.offset_syncs import OffsetSyncWriter
 from mm2py.replication.progress import ProgressStore, SourcePartition
 from mm2py.replication.stats import ReplicationStats
@@ -95,7 +101,9 @@ class BatchCopier:
         fetcher_for: FetcherFactory,
         producer_for: ProducerFactory,
         poll_timeout: float = 1.0,
+        on_partition_failed: Callable[[], None] | None = None,
     ) -> None:
+        """`on_partition_failed`: called when a rejected batch or record stops a partition."""
         self.flow_name = flow_name
         self.target_alias = target_alias
         self.consumer = consumer
@@ -105,6 +113,7 @@ class BatchCopier:
         self._fetcher_for = fetcher_for
         self._producer_for = producer_for
         self._poll_timeout = poll_timeout
+        self._on_partition_failed = on_partition_failed
         self.by_source: dict[SourcePartition, PartitionState] = {}
         self.committer = AtLeastOnce(flow_name, producer, progress, syncs, self.by_source)
         self._partitions: dict[SourcePartition, _Partition] = {}
@@ -219,10 +228,14 @@ class BatchCopier:
                 continue
             self._pass(part, passing, wall)
             passing = []
-            if item.decision is Decision.RECORDS:
+            if item.decision is Decision.RECORDS and state.failure is None:
                 self._copy_records(part, item.batch)
+            if state.failure is not None:
+                return
             part.position = item.batch.header.last_offset + 1
         self._pass(part, passing, wall)
+        if state.failure is not None:
+            return
         state.stats.lag = max(fetched.high_watermark - part.position, 0)
         self._sync_position(part)
 
@@ -258,6 +271,20 @@ class BatchCopier:
             )
         part.position = low
 
+    def _stop_partition(self, state: PartitionState, failure: str) -> None:
+        """Stop a partition whose batch or record the target rejected, as the record
+        copier does: the others go on; restarting the flow copies it again."""
+        state.failure = f"{failure}; the partition is stopped: fix the cause and restart the flow"
+        log.error(
+            "flow %s: %s",
+            self.flow_name,
+            state.failure,
+            extra=partition_fields(state.topic, state.partition),
+        )
+        self.committer.rejected(state.failure)
+        if self._on_partition_failed is not None:
+            self._on_partition_failed()
+
     def _pass(self, part: _Partition, batches: list[RecordBatch], wall: float) -> None:
         """Produce PASS batches as they are; each proves its records where it landed."""
         if not batches:
@@ -265,7 +292,19 @@ class BatchCopier:
         state = part.state
         stats = state.stats
         committer = self.committer
-        bases = part.producer.produce(batches)
+        try:
+            bases = part.producer.produce(batches)
+        except BatchRejected as exc:
+            # Batches before the refused one may be on the target: at-least-once, they
+            # count for nothing and are copied again when the flow is restarted.
+            first = batches[0].header
+            self._stop_partition(
+                state,
+                f"target {self.target_alias} rejected a batch of {state.topic}-"
+                f"{state.partition} (offsets {first.base_offset}..{batches[-1].header.last_offset}"
+                f" sent as {len(batches)} batches) for remote topic {state.remote_topic}: {exc}",
+            )
+            return
         now = time.time()
         for batch, target_base in zip(batches, bases, strict=True):
             header = batch.header
@@ -316,11 +355,19 @@ class BatchCopier:
         for msg, (err, downstream) in zip(msgs, reports, strict=True):
             upstream = msg.offset()
             if err is not None:
-                raise RuntimeError(
-                    f"flow {self.flow_name}: target {self.target_alias} rejected record "
-                    f"{state.topic}-{state.partition} offset {upstream} for remote topic "
-                    f"{state.remote_topic}: {err.str()}; the part restarts from its progress"
+                if producer_failed(err) or err.code() == KafkaError._MSG_TIMED_OUT:
+                    raise RuntimeError(
+                        f"flow {self.flow_name}: copying {state.topic}-{state.partition} "
+                        f"offset {upstream} to {self.target_alias} failed: {err.str()}; the "
+                        "part restarts from its progress"
+                    )
+                self._stop_partition(
+                    state,
+                    f"target {self.target_alias} rejected record {state.topic}-"
+                    f"{state.partition} offset {upstream} ({record_size(msg)} bytes) for "
+                    f"remote topic {state.remote_topic}: {err.str()}",
                 )
+                return
             if state.syncs.on_copied(upstream, downstream):
                 self.committer.on_sync(state, upstream, downstream)
             state.read = state.acked = upstream

@@ -7,7 +7,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, TopicPartition
 
-from mm2py.kafka.raw_partition import Fetched, OffsetOutOfRange
+from mm2py.kafka.raw_partition import BatchRejected, Fetched, OffsetOutOfRange
 from mm2py.kafka.record_batches import (
     CONTROL_TYPE_ABORT,
     CONTROL_TYPE_COMMIT,
@@ -60,6 +60,7 @@ class FakeRawProducer:
 
     def __init__(self) -> None:
         self.end = TARGET_START
+        self.refuse: set[int] = set()  # source base offsets of batches the target refuses
         self.produced: list[int] = []  # source base offsets, in order
         self.opened = self.closed = False
 
@@ -72,6 +73,8 @@ class FakeRawProducer:
     def produce(self, batches: list[RecordBatch]) -> list[int]:
         bases = []
         for b in batches:
+            if b.header.base_offset in self.refuse:
+                raise BatchRejected("produce for A.t-0 failed: MessageSizeTooLargeError")
             bases.append(self.end)
             self.end += b.header.record_count
             self.produced.append(b.header.base_offset)
@@ -246,3 +249,32 @@ def test_a_compacted_batch_at_the_end_is_read_until_the_partitions_end() -> None
     assert syncs.written == [(0, 0, False), (1, 1, False), (4, 2, True)]
     copier.copy_batch(lambda: False)
     assert fetcher.fetches == [0, 4]
+
+
+def test_a_rejected_batch_stops_its_partition_naming_it() -> None:
+    copier, fetcher, raw, _, progress = _copier([_records(0, 2), _records(2, 2)])
+    failures: list[None] = []
+    copier._on_partition_failed = lambda: failures.append(None)
+    raw.refuse = {0}
+    copier.copy_batch(lambda: False)
+    copier.copy_batch(lambda: False)
+    assert fetcher.fetches == [0]  # stopped: not fetched again
+    failed = copier.failed_partitions()
+    assert list(failed) == ["A.t-0"] and "rejected a batch of t-0 (offsets 0..3" in failed["A.t-0"]
+    assert "MessageSizeTooLargeError" in failed["A.t-0"] and len(failures) == 1
+    copier.commit_progress()
+    assert progress.written == {} and copier.by_source[("t", 0)].acked == -1
+
+
+def test_a_record_rejected_on_the_record_path_stops_its_partition_after_the_ones_before() -> None:
+    copier, _, raw, _, progress = _copier([_records(0, 4), _records(4, 2)], stored={("t", 0): 0})
+    consumer: RecordsConsumer = copier.consumer
+    consumer.queued = [Record("t", 0, o, value=b"x" * o) for o in (1, 2, 3)]
+    producer: FakeProducer = copier.producer
+    too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    producer.outcome = lambda r: too_large if r.value() == b"xx" else None
+    copier.copy_batch(lambda: False)
+    failed = copier.failed_partitions()["A.t-0"]
+    assert "rejected record t-0 offset 2 (2 bytes)" in failed and raw.produced == []
+    copier.commit_progress()
+    assert progress.written == {("t", 0): 1}  # offset 1 was copied before it
