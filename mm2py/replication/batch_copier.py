@@ -144,6 +144,9 @@ class BatchCopier:
                     state.acked = state.committed = state.submitted = stored
                 self.by_source[where] = state
             state.gone = False
+            old = self._partitions.pop(where, None)
+            if old is not None:  # assigned again without being let go: new clients
+                _close(old)
             if state.acked >= 0:
                 position = state.acked + 1
             else:

@@ -278,3 +278,12 @@ def test_a_record_rejected_on_the_record_path_stops_its_partition_after_the_ones
     assert "rejected record t-0 offset 2 (2 bytes)" in failed and raw.produced == []
     copier.commit_progress()
     assert progress.written == {("t", 0): 1}  # offset 1 was copied before it
+
+
+def test_assigned_again_closes_the_old_clients_and_continues_after_progress() -> None:
+    copier, fetcher, raw, _, _ = _copier([_records(0, 2)])
+    copier.copy_batch(lambda: False)
+    copier.assign([NewPartition("t", 0, "A.t")], {("t", 0): 0})
+    assert fetcher.closed and raw.closed  # the factories hand out the same stand-ins
+    copier.copy_batch(lambda: False)
+    assert fetcher.fetches == [0, 2]
