@@ -65,6 +65,7 @@ _ALIAS = re.compile(r"[A-Za-z0-9._-]+")
 # <alias>.schema.registry.<client key>: that cluster's schema registry client.
 _REGISTRY_PREFIX = "schema.registry."
 _REGISTRY_SYNC_KEY = "schema.registry.sync.enabled"
+_COPY_MODE_KEY = "replication.copy.mode"
 # Pre-4.0 names MM2 still translated; the new name wins when both are set.
 _DEPRECATED = {
     "topics.blacklist": "topics.exclude",
@@ -446,6 +447,8 @@ class _Builder:
                     f"registries but {' and '.join(missing)} is not set; set it or set "
                     f"{source}->{target}.{_REGISTRY_SYNC_KEY} = false",
                 )
+        if is_enabled and settings.copies_batches:
+            self.check_batch_copy(source, target, settings, shown)
         separator = settings.replication_policy_separator
         for alias in (source, target):
             if separator in alias:
@@ -455,6 +458,25 @@ class _Builder:
                     f" {separator!r}, so remote topic names would be ambiguous; rename it",
                 )
         return FlowConfig(source=source, target=target, enabled=is_enabled, settings=settings)
+
+    def check_batch_copy(
+        self, source: str, target: str, settings: FlowSettings, shown: dict[str, str]
+    ) -> None:
+        """`replication.copy.mode = batch` where this step of pass-through (issue 29)
+        cannot keep the flow's guarantees: exactly-once, schema-id translation."""
+        key = shown.get(_COPY_MODE_KEY, _COPY_MODE_KEY)
+        if settings.exactly_once != "off":
+            self.fail(
+                key,
+                f"batch copies flow {source}->{target} at-least-once only, and the flow is "
+                f"exactly-once ({settings.exactly_once_key}); set {key} = record or auto",
+            )
+        if settings.schema_registry_sync_enabled:
+            self.fail(
+                key,
+                f"batch cannot give flow {source}->{target}'s records the target registry's "
+                f"schema ids ({_REGISTRY_SYNC_KEY}); set {key} = record or auto",
+            )
 
     def cluster(self, alias: str) -> ClusterConfig:
         raw = self.clusters[alias]

@@ -289,6 +289,14 @@ class FlowSettings(BaseModel):
         Field("fail", alias="schema.registry.unresolved.ids")
     )
 
+    # mm2py's own (issue 29): how the source part copies records. `record` reads and
+    # produces each record; `batch` passes the source's record batches through as they
+    # are (at-least-once only, for now); `auto` chooses, and for now chooses `record`,
+    # until pass-through keeps every guarantee (docs/running.md).
+    replication_copy_mode: Annotated[
+        Literal["auto", "batch", "record"], BeforeValidator(_strip)
+    ] = Field("auto", alias="replication.copy.mode")
+
     heartbeats_topic_replication_factor: CountOrBrokerDefault = Field(
         3, alias="heartbeats.topic.replication.factor"
     )
@@ -324,6 +332,12 @@ class FlowSettings(BaseModel):
         interval (the default: DEFAULT_TRANSACTION_INTERVAL_MS); False when the config
         sets ``transaction.boundary.interval.ms``, which then says when, as in MM2."""
         return "transaction_boundary_interval_ms" not in self.model_fields_set
+
+    @property
+    def copies_batches(self) -> bool:
+        """Whether the source part passes record batches through (`replication.copy.mode =
+        batch`); `auto` means the record copier until pass-through keeps every guarantee."""
+        return self.replication_copy_mode == "batch"
 
     @property
     def admin_timeout(self) -> float:

@@ -77,6 +77,16 @@ class RawPartitionError(Exception):
     partition and error, and what to do."""
 
 
+class OffsetOutOfRange(RawPartitionError):
+    """The fetch position is not in the partition's log (deleted by retention or
+    delete_records, or past the end of a truncated or recreated partition)."""
+
+
+class BatchRejected(RawPartitionError):
+    """The target refused a batch for what it holds (too large, invalid, not authorised),
+    not for the producer's state: sending it again cannot succeed."""
+
+
 @dataclass(frozen=True)
 class Fetched:
     """One Fetch answer for a partition, at read_committed."""
@@ -334,11 +344,15 @@ class RawFetcher(_RawPartition):
                 return data
             error = _error_class(code)
             if error is aiokafka_errors.OffsetOutOfRangeError:
-                raise self.error(
-                    "fetch",
-                    f"offset {position} is out of range",
-                    "The records were deleted by retention or the partition was truncated; "
-                    "restart the copy from the log start",
+                raise OffsetOutOfRange(
+                    str(
+                        self.error(
+                            "fetch",
+                            f"offset {position} is out of range",
+                            "The records were deleted by retention or the partition was "
+                            "truncated; restart the copy from the log start",
+                        )
+                    )
                 )
             if not error.retriable:
                 raise self.error("fetch", error.__name__, "Not retriable; see the broker's log")
@@ -495,7 +509,10 @@ class IdempotentRawProducer(_RawPartition):
                     return base_offset
                 if error.retriable:
                     raise _Retriable(error.__name__)
-                raise self.error("produce", error.__name__, _PRODUCE_ADVICE.get(code, _ADVICE))
+                failed = self.error("produce", error.__name__, _PRODUCE_ADVICE.get(code, _ADVICE))
+                if code in _REJECTIONS:
+                    raise BatchRejected(str(failed))
+                raise failed
         raise self.error("produce", "the answer has no result for the partition", "Report a bug")
 
 
@@ -504,6 +521,9 @@ class _Retriable(Exception):
 
 
 _ADVICE = "Not retriable; see the broker's log"
+# CORRUPT_MESSAGE, MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE, TOPIC_AUTHORIZATION_FAILED,
+# INVALID_TIMESTAMP, INVALID_RECORD: the batch itself is refused (`BatchRejected`).
+_REJECTIONS = frozenset({2, 10, 18, 29, 32, 87})
 _PRODUCE_ADVICE = {
     29: "Grant the principal WRITE on the topic",  # TOPIC_AUTHORIZATION_FAILED
     10: "Raise the target topic's max.message.bytes to the source's",  # MESSAGE_TOO_LARGE

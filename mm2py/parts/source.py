@@ -31,14 +31,17 @@ from confluent_kafka import KafkaError
 
 from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.kafka import clients
+from mm2py.kafka.raw_partition import IdempotentRawProducer, RawFetcher
 from mm2py.parts.discovery import TopicChanges, TopicDiscovery
 from mm2py.replication import transactions
+from mm2py.replication.batch_copier import FETCH_WAIT_MS, BatchCopier
 from mm2py.replication.client_settings import (
     CONSUMER_REQUIRED,
     PRODUCER_REQUIRED,
     copy_settings,
 )
 from mm2py.replication.committers import PartitionRejected, RunUnproven, Transactions
+from mm2py.replication.copier import Copier
 from mm2py.replication.copy_loop import CopyLoop, OffsetResetLog
 from mm2py.replication.exactly_once import transactional_id
 from mm2py.replication.offset_syncs import OffsetSyncWriter, ensure_offset_syncs_topic
@@ -111,7 +114,7 @@ class SourcePart(FlowPart):
             flow.settings.metrics_mm2_names_enabled,
         )
         metrics.replication.add(self.stats)
-        self._loop: CopyLoop | None = None
+        self._loop: Copier | None = None
         self._access_failure: str | None = None
         # Partitions copied with a delivery report per record since a run of theirs was
         # not proven (mm2py.replication.delivery), while this part lives.
@@ -223,6 +226,9 @@ class SourcePart(FlowPart):
                 ),
                 "error_cb": self._access_watch(self.source, source_props),
                 "logger": reset_log,
+                # The batch copier's hand-over to the record path reads to a batch's end,
+                # which compaction may have emptied: the end of the partition ends it too.
+                **({"enable.partition.eof": True} if flow.settings.copies_batches else {}),
             },
         )
         schemas: SchemaTranslator | None = None
@@ -234,25 +240,16 @@ class SourcePart(FlowPart):
                 flow.settings.schema_registry_unresolved_ids,
                 self.stats.schemas,
             )
-        loop = CopyLoop(
-            flow.name,
-            flow.target,
-            consumer,
-            producer,
-            progress,
-            syncs,
-            self.stats,
-            stored,
-            on_partition_failed=self.errors.inc,
-            poll_timeout=rules.settings.consumer_poll_timeout,
-            transactions=txns,
-            failed=failed,
-            per_record_reports=self._per_record_reports,
-            # A configured linger is the user's trade of latency for batching: kept.
-            send_when_caught_up=not any(key in target_props for key in LINGER_KEYS),
-            schemas=schemas,
-        )
-        reset_log.on_reset = loop.offset_reset
+        loop: Copier
+        if flow.settings.copies_batches:
+            loop = self._batch_copier(
+                source_props, target_props, consumer, producer, progress, syncs, stored
+            )
+        else:
+            loop = self._record_copier(
+                consumer, producer, progress, syncs, stored, txns, failed, target_props, schemas
+            )
+            reset_log.on_reset = loop.offset_reset
         self._loop = loop
         discovery = TopicDiscovery(
             rules, source_admin, target_admin, producer, set(stored), self.slot
@@ -281,7 +278,76 @@ class SourcePart(FlowPart):
                     schemas.close()
                 discovering.join(5)
 
-    def _copy(self, loop: CopyLoop, found: queue.SimpleQueue[TopicChanges]) -> None:
+    def _record_copier(
+        self,
+        consumer: Any,
+        producer: Any,
+        progress: ProgressStore,
+        syncs: OffsetSyncWriter | None,
+        stored: Mapping[SourcePartition, int],
+        txns: Transactions | None,
+        failed: dict[SourcePartition, str],
+        target_props: Mapping[str, str],
+        schemas: SchemaTranslator | None,
+    ) -> CopyLoop:
+        """The record copier (``replication.copy.mode = record``, or ``auto`` for now)."""
+        flow, rules = self.flow, self.rules
+        return CopyLoop(
+            flow.name,
+            flow.target,
+            consumer,
+            producer,
+            progress,
+            syncs,
+            self.stats,
+            stored,
+            on_partition_failed=self.errors.inc,
+            poll_timeout=rules.settings.consumer_poll_timeout,
+            transactions=txns,
+            failed=failed,
+            per_record_reports=self._per_record_reports,
+            # A configured linger is the user's trade of latency for batching: kept.
+            send_when_caught_up=not any(key in target_props for key in LINGER_KEYS),
+            schemas=schemas,
+        )
+
+    def _batch_copier(
+        self,
+        source_props: Mapping[str, str],
+        target_props: Mapping[str, str],
+        consumer: Any,
+        producer: Any,
+        progress: ProgressStore,
+        syncs: OffsetSyncWriter | None,
+        stored: Mapping[SourcePartition, int],
+    ) -> BatchCopier:
+        """The batch copier (``replication.copy.mode = batch``; the loader allows it
+        at-least-once only), with the record path's consumer and producer for batches
+        that must go record by record."""
+        flow = self.flow
+
+        def fetcher_for(topic: str, partition: int) -> RawFetcher:
+            return RawFetcher(source_props, topic, partition, max_wait_ms=FETCH_WAIT_MS)
+
+        def producer_for(topic: str, partition: int) -> IdempotentRawProducer:
+            return IdempotentRawProducer(target_props, topic, partition)
+
+        return BatchCopier(
+            flow.name,
+            flow.target,
+            consumer,
+            producer,
+            progress,
+            syncs,
+            self.stats,
+            stored,
+            fetcher_for,
+            producer_for,
+            poll_timeout=self.rules.settings.consumer_poll_timeout,
+            on_partition_failed=self.errors.inc,
+        )
+
+    def _copy(self, loop: Copier, found: queue.SimpleQueue[TopicChanges]) -> None:
         periodic = Scheduler(f"flow {self.flow.name}")
         if not self.exactly_once:  # else progress is written in each transaction
             periodic.add("recording progress", loop.commit_progress, PROGRESS_INTERVAL)
@@ -302,7 +368,7 @@ class SourcePart(FlowPart):
             if not loop.copy_batch(stopping):
                 return
 
-    def _let_go(self, loop: CopyLoop, changes: TopicChanges) -> None:
+    def _let_go(self, loop: Copier, changes: TopicChanges) -> None:
         for topic in loop.unassign(changes.gone):
             log.info(
                 "flow %s: topic %s was deleted on cluster %s; stopped copying its "

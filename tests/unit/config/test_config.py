@@ -405,3 +405,17 @@ def test_schema_registry_keys_in_yaml(tmp_path: Path) -> None:
         "url": "http://b:8081",
         "basic.auth.user.info": "mirror:pw-registry",
     }
+
+
+def test_replication_copy_mode_per_flow_and_auto_means_record(tmp_path: Path) -> None:
+    """`replication.copy.mode`: auto by default, which copies records for now; per flow."""
+    path = tmp_path / "mm2.properties"
+    path.write_text(
+        "clusters = A, B\nA.bootstrap.servers = a:9092\nB.bootstrap.servers = b:9092\n"
+        "A->B.enabled = true\nB->A.enabled = true\nA->B.replication.copy.mode = batch \n"
+    )
+    config = load_config(path)
+    a_to_b = config.flow("A", "B").settings
+    b_to_a = config.flow("B", "A").settings
+    assert (a_to_b.replication_copy_mode, a_to_b.copies_batches) == ("batch", True)
+    assert (b_to_a.replication_copy_mode, b_to_a.copies_batches) == ("auto", False)

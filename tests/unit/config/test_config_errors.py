@@ -86,6 +86,15 @@ BAD_PROPERTIES = [
      "A->B.schema.registry.sync.enabled", "B.schema.registry.url is not set"),
     ("registry-unresolved-ids", PROPS + "schema.registry.unresolved.ids = skip\n",
      "schema.registry.unresolved.ids", "'fail' or 'copy'"),
+    ("copy-mode-bad-value", PROPS + "A->B.replication.copy.mode = raw\n",
+     "A->B.replication.copy.mode", "'auto', 'batch' or 'record'"),
+    ("copy-mode-batch-eos", PROPS + "B.exactly.once.source.support = enabled\n"
+     "replication.copy.mode = batch\n", "replication.copy.mode",
+     "batch copies flow A->B at-least-once only"),
+    ("copy-mode-batch-registry", PROPS + "A->B.replication.copy.mode = batch\n"
+     "A->B.schema.registry.sync.enabled = true\nA.schema.registry.url = http://a:8081\n"
+     "B.schema.registry.url = http://b:8081\n", "A->B.replication.copy.mode",
+     "set A->B.replication.copy.mode = record or auto"),
     ("negative-lag", PROPS + "offset.lag.max = -1\n", "offset.lag.max", "at least 0"),
     ("missing-flow-key", PROPS + "A->B = x\n", "A->B", "missing setting name"),
     ("admin-timeout-0", PROPS + "admin.timeout.ms = 0\n", "admin.timeout.ms", "at least 1"),

@@ -1,0 +1,289 @@
+"""The batch copier with stand-in clients: which batches go as they are, which are dropped
+or go record by record, and the offset syncs, progress and counts that follow."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from mm2py.kafka.raw_partition import BatchRejected, Fetched, OffsetOutOfRange
+from mm2py.kafka.record_batches import (
+    CONTROL_TYPE_ABORT,
+    CONTROL_TYPE_COMMIT,
+    AbortedTransaction,
+    Reason,
+    RecordBatch,
+)
+from mm2py.replication.batch_copier import BatchCopier
+from mm2py.replication.copy_loop import NewPartition
+from mm2py.replication.stats import ReplicationStats
+from tests.unit.kafka.test_record_batches import TS, batch, control, record, txn
+from tests.unit.replication.test_copy_loop import FakeConsumer, FakeProducer, FakeProgress, Record
+
+TARGET_START = 100  # the remote partition holds other records before the copies
+
+
+class FakeFetcher:
+    """Answers each fetch with the batches of `log` from the one holding the position."""
+
+    def __init__(self, log: list[bytes], aborted: list[AbortedTransaction] = ()) -> None:  # type: ignore[assignment]
+        self.log = log
+        self.aborted = list(aborted)
+        self.fetches: list[int] = []
+        self.log_start = 0
+        self.opened = self.closed = False
+
+    def open(self) -> None:
+        self.opened = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def fetch(self, position: int) -> Fetched:
+        self.fetches.append(position)
+        if position < self.log_start:
+            raise OffsetOutOfRange(f"offset {position} is out of range")
+        data = b""
+        end = 0
+        for raw in self.log:
+            base = int.from_bytes(raw[:8], "big", signed=True)
+            last = base + int.from_bytes(raw[23:27], "big", signed=True)
+            end = last + 1
+            if last >= position:
+                data += raw
+        return Fetched(position, data, self.aborted, end, end, 0)
+
+
+class FakeRawProducer:
+    """Appends batches to the remote partition; answers each one's target base offset."""
+
+    def __init__(self) -> None:
+        self.end = TARGET_START
+        self.refuse: set[int] = set()  # source base offsets of batches the target refuses
+        self.produced: list[int] = []  # source base offsets, in order
+        self.opened = self.closed = False
+
+    def open(self) -> None:
+        self.opened = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def produce(self, batches: list[RecordBatch]) -> list[int]:
+        bases = []
+        for b in batches:
+            if b.header.base_offset in self.refuse:
+                raise BatchRejected("produce for A.t-0 failed: MessageSizeTooLargeError")
+            bases.append(self.end)
+            self.end += b.header.record_count
+            self.produced.append(b.header.base_offset)
+        return bases
+
+
+class RecordsConsumer(FakeConsumer):
+    """FakeConsumer with the assign/unassign the record path's hand-over uses."""
+
+    def assign(self, tps: list[TopicPartition]) -> None:
+        self.assigned = list(tps)
+
+    def unassign(self) -> None:
+        self.assigned = []
+
+    def get_watermark_offsets(self, tp: TopicPartition, timeout: float, cached: bool) -> Any:
+        return (self.log_start, 100)
+
+    log_start = 0
+
+
+class RecordingSyncs:
+    def __init__(self) -> None:
+        self.written: list[tuple[int, int, bool]] = []
+
+    def write(
+        self, topic: str, partition: int, upstream: int, downstream: int, position: bool = False
+    ) -> None:
+        self.written.append((upstream, downstream, position))
+
+    def poll(self) -> None:
+        pass
+
+    def flush(self, timeout: float) -> int:
+        return 0
+
+
+def _copier(
+    log: list[bytes],
+    aborted: list[AbortedTransaction] = (),  # type: ignore[assignment]
+    stored: dict[tuple[str, int], int] | None = None,
+) -> tuple[BatchCopier, FakeFetcher, FakeRawProducer, RecordingSyncs, FakeProgress]:
+    fetcher, raw, syncs, progress = (
+        FakeFetcher(log, aborted),
+        FakeRawProducer(),
+        RecordingSyncs(),
+        FakeProgress(),
+    )
+    copier = BatchCopier(
+        "A->B",
+        "B",
+        RecordsConsumer(),
+        FakeProducer(),
+        progress,  # type: ignore[arg-type]
+        syncs,  # type: ignore[arg-type]
+        ReplicationStats("A", "B"),
+        stored or {},
+        lambda _t, _p: fetcher,  # type: ignore[arg-type,return-value]
+        lambda _t, _p: raw,  # type: ignore[arg-type,return-value]
+    )
+    copier.assign([NewPartition("t", 0, "A.t")], {("t", 0): 0})
+    return copier, fetcher, raw, syncs, progress
+
+
+def _records(base: int, n: int) -> bytes:
+    return batch(base, [record(i, i, b"k", b"v") for i in range(n)], max_ts=TS + n - 1)
+
+
+def test_whole_batches_pass_aborted_and_markers_drop_syncs_follow_the_distance() -> None:
+    log = [
+        txn(0, producer_id=7, records=2),  # aborted below
+        control(2, producer_id=7, kind=CONTROL_TYPE_ABORT),
+        _records(3, 3),
+        _records(6, 2),
+    ]
+    copier, fetcher, raw, syncs, progress = _copier(log, [AbortedTransaction(7, 0)])
+    assert fetcher.opened and raw.opened
+    copier.copy_batch(lambda: False)
+    assert raw.produced == [3, 6]
+    # One sync where the distance is set (3 -> 100); 6 -> 103 keeps it.
+    assert syncs.written == [(3, TARGET_START, False)]
+    state = copier.by_source[("t", 0)]
+    assert (state.acked, state.acked_downstream) == (7, TARGET_START + 4)
+    assert state.stats.records == 5 and state.stats.bytes == sum(len(b) for b in log[2:])
+    assert sum(state.stats.latency.counts) == 5
+    copier.commit_progress()
+    assert progress.written == {("t", 0): 7}
+    assert syncs.written[-1] == (7, TARGET_START + 4, False)  # the progress sync
+    copier.copy_batch(lambda: False)
+    assert fetcher.fetches == [0, 8]
+    assert (copier.reasons[Reason.WHOLE], copier.reasons[Reason.ABORTED]) == (2, 1)
+    assert copier.reasons[Reason.CONTROL] == 1
+
+
+def test_a_trailing_marker_gets_a_position_sync() -> None:
+    log = [
+        batch(0, [record(i, 0, b"k", b"v") for i in range(3)], attributes=0x10, producer_id=9,
+              producer_epoch=0, base_sequence=0),
+        control(3, producer_id=9, kind=CONTROL_TYPE_COMMIT),
+    ]  # fmt: skip
+    copier, _, raw, syncs, _ = _copier(log)
+    copier.copy_batch(lambda: False)
+    assert raw.produced == [0]
+    # A group that read to the end sits at 4, past the marker: it goes to 103.
+    assert syncs.written == [
+        (0, TARGET_START, False),
+        (2, TARGET_START + 2, False),
+        (4, TARGET_START + 3, True),
+    ]
+
+
+def test_a_batch_fetched_from_inside_goes_record_by_record_through_the_record_path() -> None:
+    log = [_records(0, 4), _records(4, 2)]
+    copier, _, raw, syncs, progress = _copier(log, stored={("t", 0): 1})
+    consumer: RecordsConsumer = copier.consumer
+    # librdkafka hands out the records from the position (2) on, and one past the batch.
+    consumer.queued = [Record("t", 0, o, key=b"k", value=f"v{o}".encode()) for o in (2, 3, 4)]
+    producer: FakeProducer = copier.producer
+    producer.skip("A.t", 0, TARGET_START)
+    raw.end = TARGET_START + 2  # after the two records the record path copies
+    copier.copy_batch(lambda: False)
+    assert [(r.offset(), r.value()) for r in producer.written] == [
+        (TARGET_START, b"v2"),
+        (TARGET_START + 1, b"v3"),
+    ]
+    assert consumer.assigned == []  # handed back
+    assert raw.produced == [4]  # the next batch as it is, after the records
+    assert syncs.written == [(2, TARGET_START, False)]
+    state = copier.by_source[("t", 0)]
+    assert (state.acked, state.acked_downstream) == (5, TARGET_START + 3)
+    assert state.stats.records == 4
+    copier.commit_progress()
+    assert progress.written == {("t", 0): 5}
+
+
+def test_finish_records_progress_and_closes_the_raw_clients() -> None:
+    copier, fetcher, raw, _, progress = _copier([_records(0, 2)])
+    copier.copy_batch(lambda: False)
+    copier.finish(0.0)
+    assert progress.written == {("t", 0): 1}
+    assert fetcher.closed and raw.closed
+
+
+def test_records_deleted_before_they_were_copied_are_counted_and_skipped() -> None:
+    copier, fetcher, raw, syncs, _ = _copier([_records(5, 3)], stored={("t", 0): 1})
+    fetcher.log_start = 5
+    consumer: RecordsConsumer = copier.consumer
+    consumer.log_start = 5
+    copier.copy_batch(lambda: False)  # 2 is out of range: on from the log start
+    copier.copy_batch(lambda: False)
+    assert fetcher.fetches == [2, 5]
+    state = copier.by_source[("t", 0)]
+    assert state.stats.skipped == 3 and state.stats.records == 3
+    assert raw.produced == [5] and syncs.written == [(5, TARGET_START, False)]
+
+
+def test_a_compacted_batch_at_the_end_is_read_until_the_partitions_end() -> None:
+    """Compaction removed the batch's last records (offsets 2 and 3): the record path reads
+    what is left and stops at the end of the partition, not waiting for offset 3."""
+    gaps = batch(0, [record(0, 0, b"k", b"v0"), record(1, 0, b"k", b"v1")], last_offset_delta=3)
+    copier, fetcher, raw, syncs, _ = _copier([gaps])
+    consumer: RecordsConsumer = copier.consumer
+    eof = KafkaError(KafkaError._PARTITION_EOF)
+    consumer.queued = [Record("t", 0, 0), Record("t", 0, 1), Record("t", 0, 2, error=eof)]
+    copier.copy_batch(lambda: False)
+    producer: FakeProducer = copier.producer
+    assert [r.offset() for r in producer.written] == [0, 1] and raw.produced == []
+    assert copier.reasons[Reason.OFFSET_GAPS] == 1
+    state = copier.by_source[("t", 0)]
+    assert (state.acked, state.acked_downstream) == (1, 1)
+    # A group that read everything sits at 4, past the removed offsets.
+    assert syncs.written == [(0, 0, False), (1, 1, False), (4, 2, True)]
+    copier.copy_batch(lambda: False)
+    assert fetcher.fetches == [0, 4]
+
+
+def test_a_rejected_batch_stops_its_partition_naming_it() -> None:
+    copier, fetcher, raw, _, progress = _copier([_records(0, 2), _records(2, 2)])
+    failures: list[None] = []
+    copier._on_partition_failed = lambda: failures.append(None)
+    raw.refuse = {0}
+    copier.copy_batch(lambda: False)
+    copier.copy_batch(lambda: False)
+    assert fetcher.fetches == [0]  # stopped: not fetched again
+    failed = copier.failed_partitions()
+    assert list(failed) == ["A.t-0"] and "rejected a batch of t-0 (offsets 0..3" in failed["A.t-0"]
+    assert "MessageSizeTooLargeError" in failed["A.t-0"] and len(failures) == 1
+    copier.commit_progress()
+    assert progress.written == {} and copier.by_source[("t", 0)].acked == -1
+
+
+def test_a_record_rejected_on_the_record_path_stops_its_partition_after_the_ones_before() -> None:
+    copier, _, raw, _, progress = _copier([_records(0, 4), _records(4, 2)], stored={("t", 0): 0})
+    consumer: RecordsConsumer = copier.consumer
+    consumer.queued = [Record("t", 0, o, value=b"x" * o) for o in (1, 2, 3)]
+    producer: FakeProducer = copier.producer
+    too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    producer.outcome = lambda r: too_large if r.value() == b"xx" else None
+    copier.copy_batch(lambda: False)
+    failed = copier.failed_partitions()["A.t-0"]
+    assert "rejected record t-0 offset 2 (2 bytes)" in failed and raw.produced == []
+    copier.commit_progress()
+    assert progress.written == {("t", 0): 1}  # offset 1 was copied before it
+
+
+def test_assigned_again_closes_the_old_clients_and_continues_after_progress() -> None:
+    copier, fetcher, raw, _, _ = _copier([_records(0, 2)])
+    copier.copy_batch(lambda: False)
+    copier.assign([NewPartition("t", 0, "A.t")], {("t", 0): 0})
+    assert fetcher.closed and raw.closed  # the factories hand out the same stand-ins
+    copier.copy_batch(lambda: False)
+    assert fetcher.fetches == [0, 2]
