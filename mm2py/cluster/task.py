@@ -457,7 +457,7 @@ def task_main(
                 if command == "pause":
                     part.pause() if arg else part.resume()
                 elif command == "restart":
-                    part.restart(9.0)
+                    part.restart(STOP_TIMEOUT)
                     restarts += 1
                 elif command == "stop":
                     part.stop(STOP_TIMEOUT)
