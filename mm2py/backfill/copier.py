@@ -121,6 +121,10 @@ class _RangeCopy:
     per_record_reports: set[SourcePartition] = field(default_factory=set)
     committed: int | None = None  # the last progress committed, once known
     syncs: int = 0
+    # Key and value bytes sent (the statistics count them) when the last transaction
+    # committed, and sent in transactions that aborted.
+    sent_at_commit: int = 0
+    aborted_bytes: int = 0
     first_downstream: int | None = None
     last_downstream: int | None = None
     interleaved: int = 0
@@ -183,6 +187,9 @@ class _RangeCopy:
             self._copy_to_stop(loop)
             loop.commit_transaction(FLUSH_TIMEOUT)
         except BaseException as exc:
+            sent = self.stats.partition(task.remote_topic, r.partition).bytes
+            self.aborted_bytes += sent - self.sent_at_commit
+            self.sent_at_commit = sent
             if loop is not None:
                 # Whatever is open aborts: nothing of it is recorded.
                 loop.committer.fail(f"copying {r} failed", replace=True)
@@ -205,8 +212,13 @@ class _RangeCopy:
         r = self.task.range
         state = loop.by_source[r.source_partition]
         seen, last_seen = state.read, time.monotonic()
+        stats = self.stats.partition(self.task.remote_topic, r.partition)
+        committed = state.committed
         while not state.at_stop:
             loop.copy_batch(_never)
+            if state.committed != committed:
+                # A batch ends with its commit, when due: every record sent is in it.
+                committed, self.sent_at_commit = state.committed, stats.bytes
             now = time.monotonic()
             if state.read != seen:
                 seen, last_seen = state.read, now
@@ -268,7 +280,7 @@ def copy_range(task: RangeTask, attempt: int = 0) -> RangeResult:
     return RangeResult(
         r,
         stats.records,
-        stats.bytes,
+        stats.bytes - copy.aborted_bytes,
         time.monotonic() - started,
         copy.syncs,
         copy.first_downstream,
