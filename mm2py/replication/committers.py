@@ -292,9 +292,9 @@ class ExactlyOnce(Committer):
         if self.restart_reason is not None:
             raise TransactionFailed(self.restart_reason)
         changed = {
-            key: state.acked
+            key: state.progress()
             for key, state in self.by_source.items()
-            if state.acked > state.committed and state.acked < state.unproven_from
+            if state.progress() > state.committed and state.acked < state.unproven_from
         }
         self.progress.write_in_transaction(self.producer, changed)
         commit(self.producer, self.txn.log, timeout, where)
@@ -311,9 +311,13 @@ class ExactlyOnce(Committer):
         self._syncs.clear()
         for key, offset in changed.items():
             state = self.by_source[key]
+            # The latest record's sync, when it is new (progress past it, at a stop offset,
+            # is no record's).
+            last = min(offset, state.acked)
+            new_record = last > state.committed
             state.committed = state.submitted = offset
-            if syncs is not None and state.syncs.on_progress(offset):
-                syncs.write(state.topic, state.partition, offset, state.acked_downstream)
+            if new_record and syncs is not None and state.syncs.on_progress(last):
+                syncs.write(state.topic, state.partition, last, state.acked_downstream)
         if syncs is not None:
             syncs.poll()
 

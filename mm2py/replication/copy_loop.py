@@ -12,6 +12,7 @@ Invariants:
 - After each batch the loop asks its `Committer` (mm2py.replication.committers) whether
   it goes on and whether to commit; it never branches on the delivery mode.
 - Offset syncs follow `SyncRule` and describe recorded records only.
+- A partition given a stop offset (`NewPartition.stop_at`) copies nothing from it on.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from mm2py.compat.schema_framing import HEADER_SIZE
 from mm2py.kafka.consume import consume_batch
@@ -32,6 +33,7 @@ from mm2py.logs import partition_fields
 from mm2py.replication.committers import COMMIT_TIMEOUT, Transactions, committer_for
 from mm2py.replication.deleted_records import DeletedRecordWatch
 from mm2py.replication.delivery import (
+    NO_STOP,
     NONE_UNPROVEN,
     DeliveryProof,
     PartitionState,
@@ -91,11 +93,15 @@ class OffsetResetLog:
 
 @dataclass(frozen=True)
 class NewPartition:
-    """A source partition to start copying, and its remote topic."""
+    """A source partition to start copying, and its remote topic; with `stop_at`, copying
+    ends before that source offset (`PartitionState.at_stop` tells when it is reached: the
+    record before it read, or a later offset, or the partition's end with
+    ``enable.partition.eof``)."""
 
     topic: str
     partition: int
     remote_topic: str
+    stop_at: int | None = None
 
 
 class CopyLoop:
@@ -191,6 +197,8 @@ class CopyLoop:
                     self.stats.partition(p.remote_topic, p.partition),
                 )
                 state.report_every_record = (p.topic, p.partition) in self.proof.per_record_reports
+                if p.stop_at is not None:
+                    state.stop_at = p.stop_at
                 stored = self._stored.get((p.topic, p.partition))
                 if stored is not None:
                     state.acked = state.committed = state.submitted = stored
@@ -329,8 +337,14 @@ class CopyLoop:
         for state, first, end in self._runs(msgs):
             if state.unproven_from != NONE_UNPROVEN:
                 continue  # stopped, or an earlier run of it in this batch was not proven
-            if not self._copy_run(msgs, first, end, state, wall, give_up):
+            # A run's offsets are consecutive: those from its stop offset on are cut off.
+            past_stop = msgs[end - 1].offset() - state.stop_at + 1
+            if past_stop >= 0:
+                end = max(end - past_stop, first)
+            if end > first and not self._copy_run(msgs, first, end, state, wall, give_up):
                 return False
+            if past_stop >= 0:
+                state.at_stop = True
         if self._send_when_caught_up and 0 < len(msgs) < BATCH_SIZE:
             # flush() makes the producer send what lingers now; it also serves delivery
             # reports, as poll does, for up to SEND_WAIT.
@@ -359,7 +373,10 @@ class CopyLoop:
                     runs.append((state, first, i))
                     state = None
                 nxt = -1
-                self._consume_error(msg)
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    self._end_of_partition(msg)
+                else:
+                    self._consume_error(msg)
                 continue
             offset = msg.offset()
             if offset != nxt or msg.partition() != partition or msg.topic() != topic:
@@ -478,6 +495,7 @@ class CopyLoop:
         except UnresolvedSchema as exc:
             offset = msg.offset()
             self._cut_run(run, state, offset, size, ts, wall)
+            state.failure_cause = (offset, exc)
             what = "key" if is_key else "value"
             failure = (
                 f"schema id {exc.schema_id} of the {what} of record {state.topic}-"
@@ -628,6 +646,9 @@ class CopyLoop:
                 report_every_record=True,
                 gone=old.gone,
                 sought=old.unproven_from,
+                stop_at=old.stop_at,
+                first_downstream=old.first_downstream,
+                foreign=old.foreign,
             )
             self.by_source[where] = state
             if not state.gone:  # else `assign` starts it after its progress
@@ -674,6 +695,13 @@ class CopyLoop:
             if self._on_partition_failed is not None:
                 self._on_partition_failed()
             self.consumer.pause([TopicPartition(state.topic, state.partition)])
+
+    def _end_of_partition(self, msg: Any) -> None:
+        """The consumer read all a partition has (``enable.partition.eof``; the daemon's
+        consumer leaves it off): at or past its stop offset, the partition is at its stop."""
+        state = self.by_source.get((msg.topic(), msg.partition()))
+        if state is not None and state.stop_at != NO_STOP and msg.offset() >= state.stop_at:
+            state.at_stop = True
 
     def _consume_error(self, msg: Any) -> None:
         err = msg.error()

@@ -37,6 +37,8 @@ SourcePartition = tuple[str, int]
 NONE_UNPROVEN = 2**62
 # `Run.count` while records are still being added to the run.
 OPEN_RUN = 2**62
+# `PartitionState.stop_at` of a partition copied for as long as it is assigned.
+NO_STOP = 2**62
 # Called when the target rejected a record: (partition, source offset, reason, record size).
 StopPartition = Callable[["PartitionState", int, str, int], None]
 
@@ -93,6 +95,17 @@ class PartitionState:
     reporting: Run | None = None  # the run whose delivery reports come now
     gone: bool = False  # its source topic was deleted; unassigned until it exists again
     failed_size: int = 0
+    # The source offset copying ends before (a backfill range's end), and whether every
+    # offset before it was read (records, or the partition's end reached).
+    stop_at: int = NO_STOP
+    at_stop: bool = False
+    # What the reports showed of the remote partition: the target offset of the first
+    # record acknowledged, and the target offsets other writers took among the records.
+    first_downstream: int = -1
+    foreign: int = 0
+    # The source offset and error behind `failure` when it is not the target rejecting a
+    # record (a schema id that cannot be resolved: mm2py.replication.schemas).
+    failure_cause: tuple[int, Exception] | None = None
     # The source partition as the consumer's calls take it, made once: `update_lag` asks
     # for every partition's watermarks each second, and a new TopicPartition per call was
     # a third of that pass's CPU (2,000 partitions: 8.3 ms, 5.1 ms with this one).
@@ -100,6 +113,14 @@ class PartitionState:
 
     def __post_init__(self) -> None:
         self.source_tp = TopicPartition(self.topic, self.partition)
+
+    def progress(self) -> int:
+        """The last source offset copied, as progress records it: `acked`, or at its stop
+        offset, every record read acknowledged, the one before the stop (the offsets
+        after the last record are transaction markers or aborted records)."""
+        if self.at_stop and self.acked >= self.read:
+            return self.stop_at - 1
+        return self.acked
 
     def acknowledged_so_far(self) -> None:
         """Count in `acked` the records of the run reporting now that the target has
@@ -246,6 +267,10 @@ class DeliveryProof:
             self._stop_partition(state, upstream, err.str(), record_size(msg))
             return
         downstream = msg.offset()
+        if run.expect >= 0:
+            state.foreign += max(downstream - run.expect, 0)  # another writer's records
+        elif state.first_downstream < 0:
+            state.first_downstream = downstream
         if state.failure is None and state.syncs.on_copied(upstream, downstream):
             self.committer.on_sync(state, upstream, downstream)
         state.reporting = run
@@ -298,6 +323,9 @@ class DeliveryProof:
             return
         downstream = msg.offset()
         if not at_first:
+            # Target offsets past the run's length: other writers' records (unless one
+            # of the run's was lost, which this report cannot tell).
+            state.foreign += max(downstream - (run.base + run.count - 1), 0)
             self._unproven_run(
                 state,
                 run,
@@ -306,6 +334,8 @@ class DeliveryProof:
                 f"to {downstream}, not one after another",
             )
             return
+        if state.first_downstream < 0:
+            state.first_downstream = downstream
         if (
             state.failure is None
             and run.first < state.unproven_from

@@ -118,6 +118,7 @@ class OffsetSyncWriter:
         self.failures: list[str] = []
         self._producer = producer
         self._started: set[tuple[str, int]] = set()  # partitions synced since this start
+        self.written = 0  # syncs sent
 
     def _delivered(self, err: Any, _msg: Any) -> None:
         if err is not None:
@@ -139,6 +140,7 @@ class OffsetSyncWriter:
             headers.append(POSITION_SYNC_HEADER)
         kwargs = {"headers": headers, "on_delivery": self._delivered}
         produce_when_room(self._producer, args, kwargs)
+        self.written += 1
 
     def poll(self) -> None:
         self._producer.poll(0)

@@ -140,7 +140,7 @@ class SchemaTranslator:
 
     def translate(self, topic: str, remote_topic: str, data: bytes | None, is_key: bool) -> Any:
         """`data` (a key or value of `topic`) with the target's schema id when it is framed;
-        unchanged otherwise. The copy loop inlines this; the backfill calls it."""
+        unchanged otherwise. The copy loop inlines this (nothing else in mm2py calls it)."""
         if not data or data[0] != 0 or len(data) < HEADER_SIZE:
             return data
         head = self.heads(topic).get(data[:HEADER_SIZE])

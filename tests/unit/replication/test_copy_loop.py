@@ -825,3 +825,79 @@ def test_exactly_once_rejected_record_aborts_and_the_next_loop_leaves_its_partit
     again.assign([NewPartition("t", 0, "A.t"), NewPartition("t", 1, "A.t")], {})
     assert [(tp.topic, tp.partition) for tp in again.consumer.assigned] == [("t", 0)]
     assert "rejected record t-1 offset 0" in again.failed_partitions()["A.t-1"]
+
+
+# --- a partition copied up to a stop offset (a backfill range) -------------------------
+
+
+def _eof(partition: int, offset: int) -> Record:
+    """The end of a partition as librdkafka reports it (``enable.partition.eof``)."""
+    return Record("t", partition, offset, error=KafkaError(KafkaError._PARTITION_EOF))
+
+
+def test_a_stop_offset_cuts_the_run_there_and_commits_through_its_last_record() -> None:
+    loop, producer = _eos_loop()
+    loop.assign([NewPartition("t", 0, "A.t", stop_at=13)], {("t", 0): 10})
+    state = loop.by_source[("t", 0)]
+    _queue(loop, 10, 11)
+    loop.copy_batch(_never)
+    assert not state.at_stop
+    _queue(loop, 12, 13, 14)  # read ahead of the stop: 13 and 14 are not copied
+    loop.copy_batch(_never)
+    assert state.at_stop
+    loop.commit_transaction()
+    [committed] = producer.commits
+    assert [r.value() for r in committed] == [b"v", b"v", b"v", b"t-0:12"]
+    assert _syncs(loop) == [("t", 0, 10, 0), ("t", 0, 12, 2)]
+    assert state.first_downstream == 0 and state.acked_downstream == 2 and state.foreign == 0
+    assert loop.stats.partition("A.t", 0).records == 3
+
+
+def test_offsets_before_the_stop_that_are_no_records_are_progress_but_no_sync() -> None:
+    loop, producer = _eos_loop()
+    loop.assign([NewPartition("t", 0, "A.t", stop_at=20)], {})
+    state = loop.by_source[("t", 0)]
+    _queue(loop, 0, 1)
+    loop.consumer.queued.append(_eof(0, 5))  # type: ignore[attr-defined]  # below the stop
+    loop.copy_batch(_never)
+    assert not state.at_stop
+    # 2..19 are markers and aborted records: the partition's end comes at 20.
+    loop.consumer.queued.append(_eof(0, 20))  # type: ignore[attr-defined]
+    loop.copy_batch(_never)
+    assert state.at_stop
+    loop.commit_transaction()
+    [committed] = producer.commits
+    assert [r.value() for r in committed][-1] == b"t-0:19"
+    # The latest sync is the last record's: offset 19 is not the record at target 1.
+    assert _syncs(loop) == [("t", 0, 0, 0), ("t", 0, 1, 1)]
+    assert state.committed == 19
+
+
+def test_a_stop_reached_with_no_record_left_commits_the_progress_alone() -> None:
+    loop, producer = _eos_loop()
+    loop.assign([NewPartition("t", 0, "A.t", stop_at=30)], {})
+    loop.consumer.queued.append(_eof(0, 30))  # type: ignore[attr-defined]
+    loop.copy_batch(_never)
+    loop.commit_transaction()
+    assert [[r.value() for r in c] for c in producer.commits] == [[b"t-0:29"]]
+    assert _syncs(loop) == []
+
+
+def test_the_proof_counts_other_writers_records_it_sees_among_a_partition_s() -> None:
+    loop, producer = _loop(per_record_reports={("t", 0)})
+    loop.assign([NewPartition("t", 0, "A.t")], {})
+    producer.foreign_before = {0: 4, 3: 2, 5: 1}  # before the 1st, the 4th and 6th records
+    _queue(loop, *range(8))
+    loop.copy_batch(_never)
+    producer.poll()
+    state = loop.by_source[("t", 0)]
+    # Those before the first record are not among the partition's: only 3 are counted.
+    assert state.first_downstream == 4 and state.foreign == 3
+    # Without a report per record, the run's last report shows them.
+    loop, producer = _eos_loop()
+    loop.assign([NewPartition("t", 0, "A.t")], {})
+    producer.foreign_before = {2: 2}
+    _queue(loop, 0, 1, 2)
+    with pytest.raises(RunUnproven):
+        loop.copy_batch(_never)
+    assert loop.by_source[("t", 0)].foreign == 2
