@@ -429,8 +429,8 @@ def _copy_ranges(
                 progress.add(result)
                 if result.interleaved:
                     log.warning(
-                        "flow %s: %d records of another producer were interleaved in %s-%d "
-                        "while %s was copied (is the daemon running for this flow?)",
+                        "flow %s: at least %d records of another producer were interleaved in "
+                        "%s-%d while %s was copied (is the daemon running for this flow?)",
                         flow.name,
                         result.interleaved,
                         summary.remote_topics[r.topic],
@@ -565,8 +565,8 @@ def format_summary(summary: BackfillSummary) -> str:
         )
     if p.interleaved:
         out.append(
-            f"  warning: {p.interleaved} records of other producers were interleaved in the "
-            "remote partitions (run the backfill while the daemon does not copy this flow)"
+            f"  warning: at least {p.interleaved} records of other producers were interleaved in "
+            "the remote partitions (run the backfill while the daemon does not copy this flow)"
         )
     syncs = (
         f"{p.syncs} offset syncs in {summary.syncs_topic} on {summary.syncs_cluster}"

@@ -221,7 +221,9 @@ class RangeResult:
     syncs: int  # offset syncs written
     first_downstream: int | None = None  # target offset of the first copied record
     last_downstream: int | None = None
-    interleaved: int = 0  # target offsets taken by other writers during the copy
+    # Target offsets other writers took during the copy, as the delivery reports show them:
+    # at least (those between two runs of records are not seen).
+    interleaved: int = 0
 
 
 @dataclass
