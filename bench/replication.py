@@ -3,6 +3,8 @@
     .venv/bin/python -m bench.replication                    # everything (~20 min)
     .venv/bin/python bench/replication.py --quick            # smoke run: 10x fewer records
     .venv/bin/python -m bench.replication --workloads large --systems mm2py mirrormaker2
+    .venv/bin/python -m bench.replication --workloads compressed --systems mirrormaker2 \
+        mm2py mm2py-batch --copies 1 --latency-seconds 0   # issue 29's zstd workload
     make bench                                               # = python bench/replication.py
 
 Throughput, per workload (8 partitions: 1,000,000 x 1 KiB "large", 2,000,000 x 100 B
@@ -24,7 +26,22 @@ every record, and its records on B are counted by reading them so. ``--workloads
 id, then its payload), copied by mm2py without (``mm2py``) and with schema id
 translation (``mm2py-schemas``: ``schema.registry.sync.enabled``, a registry beside
 each cluster, started here), alternately, COPIES times each; the summary line gives
-translation's extra CPU per record (``schemas_extra_cpu_per_record``). Latency: MM2, mm2py
+translation's extra CPU per record (``schemas_extra_cpu_per_record``). ``--workloads
+compressed`` (issue 29): 1,000,000 x 1 KiB JSON-like records (bench.workload's
+``json_like_values``: distinct documents, deterministic from a seed, about 5.5x
+compressible), produced into A zstd-compressed in batches of about 64 KiB on the log
+(``COMPRESSED_PRODUCER_PROPS``), its label ending ``-zstd``; every system gets
+``B.producer.compression.type = zstd``, and each line has ``source_batches`` (partition
+0's batches as stored, fetched raw: their count, sizes, records per batch and the
+compression ratio). Its pipe limit is not measured yet (bench.pipe_limit's tools
+produce random, uncompressed bytes): its line is an error saying so. ``mm2py-batch`` is
+mm2py with ``replication.copy.mode = batch`` (pass-through, at-least-once; one of the
+default systems, so it copies the other workloads too); ``mm2py`` is its default
+mode, which is the record copier today (``auto`` = record), so no separate record line
+is made. The summary gives, per workload, mm2py-batch / MM2 in records/s and CPU per
+record, and on the zstd workload issue 29's targets (``mm2py_batch_targets``: at least
+3x MM2's records/s at no more than 0.1x its CPU per record, in one run), each with its
+value and whether it was met. Latency: MM2, mm2py
 and mm2py exactly-once, each replicating its own fresh topic while a producer writes 1
 KiB records into it at a steady 5,000/s, read on B read_committed (exactly-once
 records become visible at their commit, so that wait is in its figure), from the
@@ -110,7 +127,14 @@ from bench.topics import (
     end_offsets,
     local_clusters,
 )
-from bench.workload import MIB, STANDARD_WORKLOADS, Workload, cpu_per_million
+from bench.workload import (
+    COMPRESSED_WORKLOAD,
+    MIB,
+    STANDARD_WORKLOADS,
+    Workload,
+    cpu_per_million,
+    json_like_values,
+)
 from mm2py.cache import cache_root
 from mm2py.config.models import DEFAULT_TRANSACTION_INTERVAL_MS
 from mm2py.dev.launcher import PORT_OFFSET_VARIABLE, LocalCluster, LocalKafka, broker_port
@@ -121,6 +145,8 @@ from mm2py.dev.mirrormaker import (
     render_properties,
 )
 from mm2py.kafka import clients
+from mm2py.kafka.raw_partition import RawFetcher
+from mm2py.kafka.record_batches import split_batches
 
 log = logging.getLogger("bench.replication")
 
@@ -135,6 +161,8 @@ MEMORY_DIR: Final = Path("/dev/shm")
 MEMORY_NEEDED: Final = 12 << 30
 # mm2py copying exactly-once: B.exactly.once.source.support = enabled.
 MM2PY_EOS: Final = "mm2py-exactly-once"
+# mm2py passing the source's record batches through: replication.copy.mode = batch.
+MM2PY_BATCH: Final = "mm2py-batch"
 # mm2py with schema.registry.sync.enabled (the avro workload only).
 MM2PY_SCHEMAS: Final = "mm2py-schemas"
 # Framed Avro records: 5 bytes of framing, then an Avro record of one string field.
@@ -143,9 +171,29 @@ AVRO_SCHEMA: Final = (
     '{"type": "record", "name": "BenchRecord", "namespace": "mm2py.bench",'
     ' "fields": [{"name": "data", "type": "string"}]}'
 )
-SYSTEMS: Final = (PIPE_LIMIT, MIRRORMAKER2, MM2PY, MM2PY_EOS)
-REPLICATORS: Final = (MIRRORMAKER2, MM2PY, MM2PY_EOS)
-WORKLOADS: Final = {"large": STANDARD_WORKLOADS[0], "small": STANDARD_WORKLOADS[1]}
+SYSTEMS: Final = (PIPE_LIMIT, MIRRORMAKER2, MM2PY, MM2PY_BATCH, MM2PY_EOS)
+REPLICATORS: Final = (MIRRORMAKER2, MM2PY, MM2PY_BATCH, MM2PY_EOS)
+WORKLOADS: Final = {
+    "large": STANDARD_WORKLOADS[0],
+    "small": STANDARD_WORKLOADS[1],
+    "compressed": COMPRESSED_WORKLOAD,
+}
+# The compressed workload's producer into A: zstd, batches of about
+# COMPRESSED_BATCH_BYTES on the log. librdkafka's batch.size bounds a batch's records
+# before compression, so it is that times the ratio (5.5 measured on this workload: see
+# docs/benchmarks.md);
+# the linger lets every batch fill.
+COMPRESSED_BATCH_BYTES: Final = 64 << 10
+COMPRESSED_PRODUCER_PROPS: Final = {
+    "acks": "1",
+    "compression.type": "zstd",
+    "batch.size": str(COMPRESSED_BATCH_BYTES * 11 // 2),
+    "linger.ms": "100",
+}
+# Issue 29's target on the compressed workload, in one run: mm2py-batch at least this
+# many times MM2's records/s, at no more than this fraction of its CPU per record.
+BATCH_SPEED_TARGET: Final = 3.0
+BATCH_CPU_TARGET: Final = 0.1
 
 # connect-mirror-maker.sh starts MM2 with -Xmx2G; give the JVM what users get.
 MM2_HEAP: Final = "2g"
@@ -320,6 +368,8 @@ def replicating(
     props.update(settings or {})
     if system == MM2PY_EOS:
         props.update(exactly_once_properties(target, interval_ms))
+    if system == MM2PY_BATCH:
+        props["replication.copy.mode"] = "batch"
     if system == MIRRORMAKER2:
         mm2 = RealMirrorMaker(props, run_dir / f"mm2-{topic}", heap=MM2_HEAP)
         with mm2:
@@ -369,11 +419,19 @@ def replication_throughput(
     """
     transactional = system == MM2PY_EOS
     source, target = clusters["A"], clusters["B"]
+    if workload.compression != "none":
+        # Compressed workloads: every system writes B compressed alike (MM2 would
+        # otherwise write it uncompressed); the batch copier keeps the source's batches.
+        settings = {
+            f"{target.alias}.producer.compression.type": workload.compression,
+            **(settings or {}),
+        }
+        fill = compressed_prefill
     topic = bench_topic(workload, f"bench-{system}")
     remote = f"{source.alias}.{topic}"
     try:
         log.info("%s: pre-filling %s on A with %s", system, topic, workload.label)
-        fill(source, topic, workload)
+        filled = fill(source, topic, workload)
         load = load_averages()
         # A slow machine still finishes: allow 2 MiB/s plus start-up.
         timeout = 180 + workload.total_bytes / (2 * MIB)
@@ -397,6 +455,8 @@ def replication_throughput(
             "%s: %s holds %d records, expected %d", system, remote, copied, workload.records
         )
     extra: dict[str, Any] = {"settings": dict(settings)} if settings else {}
+    if isinstance(filled, dict):
+        extra["source_batches"] = filled
     if transactional:
         # Markers prove it committed transactions (one per partition and commit).
         extra["transaction_interval_ms"] = _interval(interval_ms)
@@ -412,6 +472,60 @@ def replication_throughput(
         load_avg_before=load,
         **extra,
     )
+
+
+def compressed_prefill(cluster: LocalCluster, topic: str, workload: Workload) -> dict[str, Any]:
+    """Create `topic` and fill it with `workload.records` JSON-like records
+    (bench.workload.json_like_values) produced `workload.compression`-compressed in batches
+    of about COMPRESSED_BATCH_BYTES on the log; what its batches hold, from partition 0."""
+    create_topic(cluster, topic, workload.partitions)
+    producer = clients.producer(cluster.client_properties(), COMPRESSED_PRODUCER_PROPS)
+    for i, value in enumerate(json_like_values(workload.records, workload.record_bytes)):
+        while True:
+            try:
+                producer.produce(topic, value, None, i % workload.partitions)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(120)
+    check_produced(cluster, topic, workload, f"prefill of {topic}")
+    return source_batches(cluster, topic, workload.record_bytes)
+
+
+def source_batches(cluster: LocalCluster, topic: str, record_bytes: int) -> dict[str, Any]:
+    """The record batches of `topic`'s partition 0 as stored (fetched raw): how many, their
+    sizes on the log, records per batch, and the compression ratio (record values' bytes
+    over the batches' bytes)."""
+    sizes: list[int] = []
+    records = 0
+    fetcher = RawFetcher(cluster.client_properties(), topic, 0)
+    fetcher.open()
+    try:
+        position = 0
+        while True:
+            fetched = fetcher.fetch(position)
+            batches = split_batches(fetched.records).batches
+            if not batches:
+                break
+            for batch in batches:
+                sizes.append(batch.header.size)
+                records += batch.header.record_count
+                position = batch.header.last_offset + 1
+            if position >= fetched.high_watermark:
+                break
+    finally:
+        fetcher.close()
+    if not sizes:
+        return {}
+    return {
+        "partition": 0,
+        "batches": len(sizes),
+        "batch_kib_median": round(statistics.median(sizes) / 1024, 1),
+        "batch_kib_min": round(min(sizes) / 1024, 1),
+        "batch_kib_max": round(max(sizes) / 1024, 1),
+        "records_per_batch_median": round(records / len(sizes), 1),
+        "compression_ratio": round(records * record_bytes / sum(sizes), 2),
+    }
 
 
 def avro_prefill(schema_id: int, cluster: LocalCluster, topic: str, workload: Workload) -> None:
@@ -817,6 +931,36 @@ def summary(
                 "transaction_interval_ms": line.get("transaction_interval_ms"),
             }
         )
+    for (system, workload), line in by.items():
+        if system != MM2PY_BATCH:
+            continue
+        mm2 = by.get((MIRRORMAKER2, workload), {})
+        rate, cpu = line.get("records_per_s"), line.get("cpu_s_per_m_records")
+        speed = _ratio(rate, mm2.get("records_per_s"))
+        cost = _ratio(cpu, mm2.get("cpu_s_per_m_records"))
+        workloads.setdefault(workload, {}).update(
+            {
+                "mm2py_batch_records_per_s": rate,
+                "mm2py_batch_vs_mm2": speed,
+                "mm2py_batch_cpu_s_per_m_records": cpu,
+                "mm2py_batch_cpu_vs_mm2": cost,
+                # issue 29's targets are for its zstd workload
+                "mm2py_batch_targets": None
+                if not workload.endswith("-zstd")
+                else [
+                    {
+                        "target": f"records/s >= {BATCH_SPEED_TARGET:g} x MM2",
+                        "value": speed,
+                        "met": None if speed is None else speed >= BATCH_SPEED_TARGET,
+                    },
+                    {
+                        "target": f"CPU per record <= {BATCH_CPU_TARGET:g} x MM2",
+                        "value": cost,
+                        "met": None if cost is None else cost <= BATCH_CPU_TARGET,
+                    },
+                ],
+            }
+        )
     beyond = [
         f"{system} on {workload}: {line['records_per_s']} > {limit['records_per_s']}"
         for (system, workload), line in by.items()
@@ -846,9 +990,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--workloads",
-        choices=["small", "large", "all", "avro"],
+        choices=["small", "large", "compressed", "all", "avro"],
         default="all",
-        help="throughput workloads: large = 1,000,000 x 1 KiB, small = 2,000,000 x 100 B; "
+        help="throughput workloads: large = 1,000,000 x 1 KiB, small = 2,000,000 x 100 B "
+        "(all: both); compressed = 1,000,000 x 1 KiB JSON-like, zstd in ~64 KiB batches; "
         "avro (alone): 2,000,000 x 100 B framed Avro, mm2py without and with schema id "
         "translation",
     )
@@ -902,7 +1047,7 @@ def main(argv: list[str] | None = None) -> int:
         return avro_main(args, scale)
     names = ["large", "small"] if args.workloads == "all" else [args.workloads]
     workloads = [
-        Workload(w.partitions, w.records // scale, w.record_bytes)
+        Workload(w.partitions, w.records // scale, w.record_bytes, w.compression)
         for w in (WORKLOADS[n] for n in names)
     ]
     seconds = args.latency_seconds
@@ -937,7 +1082,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for workload in workloads:
             for system in (s for s in SYSTEMS if s in args.systems):
-                if system == PIPE_LIMIT:
+                if system == PIPE_LIMIT and workload.compression != "none":
+                    # bench.pipe_limit's tools produce random, uncompressed bytes.
+                    emit(
+                        {
+                            "system": system,
+                            "workload": workload.label,
+                            "error": "not measured: bench.pipe_limit cannot produce "
+                            f"{workload.compression}-compressed JSON-like records yet",
+                        }
+                    )
+                elif system == PIPE_LIMIT:
                     measure(system, workload.label, partial(pipe_limit_line, workload))
                 else:
                     run = partial(
