@@ -98,7 +98,7 @@ import socket
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import partial
@@ -478,9 +478,23 @@ def compressed_prefill(cluster: LocalCluster, topic: str, workload: Workload) ->
     """Create `topic` and fill it with `workload.records` JSON-like records
     (bench.workload.json_like_values) produced `workload.compression`-compressed in batches
     of about COMPRESSED_BATCH_BYTES on the log; what its batches hold, from partition 0."""
+    values = json_like_values(workload.records, workload.record_bytes)
+    prefill(cluster, topic, workload, values, COMPRESSED_PRODUCER_PROPS)
+    return source_batches(cluster, topic, workload.record_bytes)
+
+
+def prefill(
+    cluster: LocalCluster,
+    topic: str,
+    workload: Workload,
+    values: Iterable[bytes],
+    producer_props: Mapping[str, Any],
+) -> None:
+    """Create `topic` and produce `values` into it, round robin over its partitions;
+    raises unless it then holds `workload.records` records."""
     create_topic(cluster, topic, workload.partitions)
-    producer = clients.producer(cluster.client_properties(), COMPRESSED_PRODUCER_PROPS)
-    for i, value in enumerate(json_like_values(workload.records, workload.record_bytes)):
+    producer = clients.producer(cluster.client_properties(), producer_props)
+    for i, value in enumerate(values):
         while True:
             try:
                 producer.produce(topic, value, None, i % workload.partitions)
@@ -489,7 +503,6 @@ def compressed_prefill(cluster: LocalCluster, topic: str, workload: Workload) ->
                 producer.poll(0.05)
     producer.flush(120)
     check_produced(cluster, topic, workload, f"prefill of {topic}")
-    return source_batches(cluster, topic, workload.record_bytes)
 
 
 def source_batches(cluster: LocalCluster, topic: str, record_bytes: int) -> dict[str, Any]:
@@ -531,26 +544,17 @@ def source_batches(cluster: LocalCluster, topic: str, record_bytes: int) -> dict
 def avro_prefill(schema_id: int, cluster: LocalCluster, topic: str, workload: Workload) -> None:
     """Create `topic` and fill it with `workload.records` framed Avro records of
     `workload.record_bytes` bytes each (schema `schema_id`: one string field)."""
-    create_topic(cluster, topic, workload.partitions)
     head = b"\x00" + schema_id.to_bytes(4, "big")
     # An Avro string: its length as a zigzag varint (2 bytes up to 8191), then the text.
     text_bytes = workload.record_bytes - len(head) - 2
     zigzag = text_bytes << 1
     length = bytes([(zigzag & 0x7F) | 0x80, zigzag >> 7])
-    producer = clients.producer(
-        cluster.client_properties(), {"linger.ms": 20, "batch.size": 1000000, "acks": "1"}
+    values = (
+        head + length + f"{i:012d}".encode().ljust(text_bytes, b"x")
+        for i in range(workload.records)
     )
-    for i in range(workload.records):
-        text = f"{i:012d}".encode().ljust(text_bytes, b"x")
-        value = head + length + text
-        while True:
-            try:
-                producer.produce(topic, value, None, i % workload.partitions)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush(120)
-    check_produced(cluster, topic, workload, f"prefill of {topic}")
+    props = {"linger.ms": 20, "batch.size": 1000000, "acks": "1"}
+    prefill(cluster, topic, workload, values, props)
 
 
 @contextmanager
