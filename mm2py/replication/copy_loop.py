@@ -91,6 +91,10 @@ class OffsetResetLog:
                 self.on_reset(found[1], int(found[2]), int(found[3]))
 
 
+class SourceReadFailed(Exception):
+    """A partition copied up to a stop offset could not be read, for good."""
+
+
 @dataclass(frozen=True)
 class NewPartition:
     """A source partition to start copying, and its remote topic; with `stop_at`, copying
@@ -704,9 +708,16 @@ class CopyLoop:
             state.at_stop = True
 
     def _consume_error(self, msg: Any) -> None:
+        """A fatal error ends the loop. A partition copied up to a stop offset (a range)
+        cannot reach it when its reads fail for good, so a non-retriable error ends the loop
+        too, naming the partition; the daemon's partitions wait for the source, as MM2's
+        consumer does."""
         err = msg.error()
         if err.fatal():
             raise KafkaException(err)
+        state = self.by_source.get((msg.topic(), msg.partition()))
+        if state is not None and state.stop_at != NO_STOP and not err.retriable():
+            raise SourceReadFailed(f"reading {msg.topic()}-{msg.partition()}: {err.str()}")
         log.warning(
             "flow %s: reading %s-%s: %s",
             self.flow_name,

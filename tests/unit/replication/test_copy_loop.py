@@ -29,7 +29,12 @@ from mm2py.replication.client_settings import (
     copy_settings,
 )
 from mm2py.replication.committers import PartitionRejected, RunUnproven, Transactions
-from mm2py.replication.copy_loop import CopyLoop, NewPartition, describe_partitions
+from mm2py.replication.copy_loop import (
+    CopyLoop,
+    NewPartition,
+    SourceReadFailed,
+    describe_partitions,
+)
 from mm2py.replication.offset_syncs import OffsetSyncWriter, SyncRule
 from mm2py.replication.stats import ReplicationStats
 from mm2py.replication.transactions import TransactionLog
@@ -881,6 +886,23 @@ def test_a_stop_reached_with_no_record_left_commits_the_progress_alone() -> None
     loop.commit_transaction()
     assert [[r.value() for r in c] for c in producer.commits] == [[b"t-0:29"]]
     assert _syncs(loop) == []
+
+
+def test_a_range_whose_source_cannot_be_read_for_good_fails_naming_it() -> None:
+    loop, _ = _eos_loop()
+    loop.assign([NewPartition("t", 0, "A.t", stop_at=30)], {})
+    transient = KafkaError(KafkaError._TRANSPORT, "broker down", retriable=True)
+    loop.consumer.queued.append(Record("t", 0, 0, error=transient))  # type: ignore[attr-defined]
+    loop.copy_batch(_never)  # logged; the range waits for the source
+    denied = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "Topic authorization failed")
+    loop.consumer.queued.append(Record("t", 0, 0, error=denied))  # type: ignore[attr-defined]
+    with pytest.raises(SourceReadFailed, match="reading t-0: Topic authorization failed"):
+        loop.copy_batch(_never)
+    # The daemon's partitions (no stop) wait for the source, as MM2's consumer does.
+    loop, _ = _eos_loop()
+    loop.assign([NewPartition("t", 0, "A.t")], {})
+    loop.consumer.queued.append(Record("t", 0, 0, error=denied))  # type: ignore[attr-defined]
+    loop.copy_batch(_never)
 
 
 def test_the_proof_counts_other_writers_records_it_sees_among_a_partition_s() -> None:
