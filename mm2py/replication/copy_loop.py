@@ -60,10 +60,6 @@ BATCH_SIZE = 5000
 ACK_POLL_TIMEOUT = 0.001
 ACK_POLL_MAX = 0.1
 LEARN_TOPIC_TIMEOUT = 2.0
-# How long a caught-up loop waits, after asking the producer to send at once, for
-# acknowledgements (librdkafka sends only if its sender wakes before this ends; else
-# the records go at the end of linger.ms).
-SEND_WAIT = 0.001
 # Stopping while the target's queue is full, the longest wait for room for one more
 # record, the last of a run, so that its report proves the run (`_end_run_at_stop`).
 ROOM_AT_STOP = 1.0
@@ -129,7 +125,6 @@ class CopyLoop:
         poll_timeout: float = 1.0,
         transactions: Transactions | None = None,
         failed: dict[SourcePartition, str] | None = None,
-        send_when_caught_up: bool = False,
         per_record_reports: set[SourcePartition] | None = None,
         schemas: SchemaTranslator | None = None,
     ) -> None:
@@ -137,8 +132,6 @@ class CopyLoop:
         (``consumer.poll.timeout.ms``). `transactions`: copy exactly-once. `failed`:
         partitions stopped by a rejected record, kept by the caller across loops
         (exactly-once); the loop adds those it stops and does not copy them.
-        `send_when_caught_up`: after a batch short of BATCH_SIZE (all the source had),
-        send the records the producer holds for its linger.ms at once.
         `per_record_reports`: partitions copied with a delivery report per record, kept
         by the caller across loops; the loop adds those whose run it could not prove.
         `schemas`: give framed keys and values the target registry's schema ids (a record
@@ -152,7 +145,6 @@ class CopyLoop:
         self.stats = stats
         self._stored = dict(stored)  # progress found at start
         self._on_partition_failed = on_partition_failed
-        self._send_when_caught_up = send_when_caught_up
         self._poll_timeout = poll_timeout
         self._ack_poll_max = min(poll_timeout, ACK_POLL_MAX)
         # When the loop last saw an acknowledgement, or began waiting for one (monotonic).
@@ -349,12 +341,7 @@ class CopyLoop:
                 return False
             if past_stop >= 0:
                 state.at_stop = True
-        if self._send_when_caught_up and 0 < len(msgs) < BATCH_SIZE:
-            # flush() makes the producer send what lingers now; it also serves delivery
-            # reports, as poll does, for up to SEND_WAIT.
-            self.producer.flush(SEND_WAIT)
-        else:
-            self.producer.poll(0)
+        self.producer.poll(0)
         if committer.copy_again_now:
             self._start_again()
         committer.end_batch(caught_up=len(msgs) < BATCH_SIZE)

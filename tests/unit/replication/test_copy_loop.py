@@ -221,7 +221,6 @@ class FakeProgress:
 
 def _loop(
     stored: dict[tuple[str, int], int] | None = None,
-    send_when_caught_up: bool = False,
     per_record_reports: set[tuple[str, int]] | None = None,
     on_partition_failed: Callable[[], None] | None = None,
 ) -> tuple[CopyLoop, FakeProducer]:
@@ -236,7 +235,6 @@ def _loop(
         syncs,
         ReplicationStats("A", "B"),
         stored or {},
-        send_when_caught_up=send_when_caught_up,
         per_record_reports=per_record_reports,
         on_partition_failed=on_partition_failed,
     )
@@ -551,22 +549,6 @@ def test_a_timed_out_delivery_ends_the_loop_for_a_restart_from_progress() -> Non
         loop.copy_batch(_never)  # its delivery report comes when the batch polls
     loop.commit_progress()
     assert loop.progress.written == {}  # type: ignore[attr-defined]
-
-
-@pytest.mark.parametrize("send_when_caught_up", [True, False])
-def test_a_caught_up_loop_sends_what_lingers_at_once_unless_told_not_to(
-    send_when_caught_up: bool,
-) -> None:
-    loop, producer = _loop(send_when_caught_up=send_when_caught_up)
-    loop.assign([NewPartition("t", 0, "A.t")], {})
-    _queue(loop, *range(copy_loop.BATCH_SIZE + 3))
-    assert loop.copy_batch(_never)  # a full batch: the loop is behind
-    assert producer.flushes == 0
-    assert loop.copy_batch(_never)  # the 3 left: all the source had
-    assert producer.flushes == (1 if send_when_caught_up else 0)
-    assert loop.copy_batch(_never)  # nothing came: nothing to send
-    assert producer.flushes == (1 if send_when_caught_up else 0)
-    assert len(producer.written) == copy_loop.BATCH_SIZE + 3
 
 
 def test_sync_rule_alone() -> None:
