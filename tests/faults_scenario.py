@@ -370,6 +370,7 @@ class Outcome:
     mode: Mode
     seed: int
     faults: list[Fault]
+    copy_mode: str | None = None  # replication.copy.mode, when the scenario sets it
     seconds: float = 0.0
     per_partition: dict[int, Counts] = field(default_factory=dict)
     timeline: list[str] = field(default_factory=list)
@@ -389,7 +390,9 @@ class Outcome:
         """The seed, what happened when, and the counts per partition (for failures)."""
         t = self.total
         lines = [
-            f"fault scenario, {self.mode}, seed {self.seed} (MM2PY_FAULTS_SEED={self.seed} "
+            f"fault scenario, {self.mode}"
+            + (f", replication.copy.mode = {self.copy_mode}" if self.copy_mode else "")
+            + f", seed {self.seed} (MM2PY_FAULTS_SEED={self.seed} "
             f"repeats the plan), {self.seconds:.0f} s; caught up: {self.caught_up}",
             "  plan: " + "; ".join(f.describe() for f in self.faults),
             *(f"  {line}" for line in self.timeline),
@@ -403,10 +406,14 @@ class Outcome:
         return "\n".join(lines)
 
 
-def _config(workdir: Path, a: LocalCluster, b: LocalCluster, topic: str, mode: Mode) -> Path:
+def _config(
+    workdir: Path, a: LocalCluster, b: LocalCluster, topic: str, mode: Mode, copy_mode: str | None
+) -> Path:
     extra = {"tasks.max": str(TASKS)}
     if mode == "exactly-once":
         extra[f"{b.alias}.exactly.once.source.support"] = "enabled"
+    if copy_mode is not None:
+        extra["replication.copy.mode"] = copy_mode
     path = workdir / f"faults-{mode}.properties"
     path.write_text(mm2_properties(a, b, topic, **extra))
     return path
@@ -473,15 +480,19 @@ def run_scenario(
     mode: Mode,
     seed: int = SEED,
     log: Callable[[str], None] = lambda _line: None,
+    copy_mode: str | None = None,
+    node_kills: int = NODE_KILLS,
 ) -> Outcome:
     """Run the scenario on `kafka`'s clusters A and B (running); return what it found.
 
+    `copy_mode` sets ``replication.copy.mode`` (None: the default); `node_kills` is how
+    many kill -9 of a node the plan has (the broker faults and the zombie stay).
     Raises ScenarioError if it could not run as planned; the outcome's report is then
     part of the message.
     """
     a, b = kafka.cluster("A"), kafka.cluster("B")
-    faults = plan(seed)
-    outcome = Outcome(mode, seed, faults)
+    faults = plan(seed, node_kills)
+    outcome = Outcome(mode, seed, faults, copy_mode)
     clock = _Clock(outcome)
 
     def note(what: str) -> None:
@@ -520,7 +531,7 @@ def _run(
     remote = f"{a.alias}.{topic}"
     rng = random.Random(outcome.seed)  # the zombie's pick among the nodes running tasks
     create_topic(a, topic, PARTITIONS)
-    config = _config(workdir, a, b, topic, mode)
+    config = _config(workdir, a, b, topic, mode, outcome.copy_mode)
     with (
         LiveProducer(a, {topic: PARTITIONS}, RATE) as producer,
         Nodes(config, NODES, note) as nodes,

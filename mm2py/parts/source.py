@@ -31,10 +31,10 @@ from confluent_kafka import KafkaError
 
 from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.kafka import clients
-from mm2py.kafka.raw_partition import IdempotentRawProducer, RawFetcher
+from mm2py.kafka.raw_clients import FetchSession, IdempotentProduceSession, RawCopyClients
 from mm2py.parts.discovery import TopicChanges, TopicDiscovery
 from mm2py.replication import transactions
-from mm2py.replication.batch_copier import FETCH_WAIT_MS, BatchCopier
+from mm2py.replication.batch_copier import BatchCopier
 from mm2py.replication.client_settings import (
     CONSUMER_REQUIRED,
     PRODUCER_REQUIRED,
@@ -323,12 +323,9 @@ class SourcePart(FlowPart):
         that must go record by record."""
         flow = self.flow
 
-        def fetcher_for(topic: str, partition: int) -> RawFetcher:
-            return RawFetcher(source_props, topic, partition, max_wait_ms=FETCH_WAIT_MS)
-
-        def producer_for(topic: str, partition: int) -> IdempotentRawProducer:
-            return IdempotentRawProducer(target_props, topic, partition)
-
+        raw = RawCopyClients(
+            FetchSession(source_props), IdempotentProduceSession(target_props), flow.name
+        )
         return BatchCopier(
             flow.name,
             flow.target,
@@ -338,8 +335,7 @@ class SourcePart(FlowPart):
             syncs,
             self.stats,
             stored,
-            fetcher_for,
-            producer_for,
+            raw,
             poll_timeout=self.rules.settings.consumer_poll_timeout,
             on_partition_failed=self.errors.inc,
         )

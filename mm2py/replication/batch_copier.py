@@ -2,21 +2,26 @@
 batches passed through as they are, compressed bytes untouched. Issue 29;
 docs/design/batch-passthrough.md.
 
-Contract, per assigned source partition, on the one thread that owns the copier:
-- Fetch raw batches from the partition's position (after its progress, else its log start)
-  with a `RawFetcher` (read_committed), and `classify` them (mm2py.kafka.record_batches).
-- PASS batches go, in order, to the same partition of the remote topic through the
-  partition's `IdempotentRawProducer`, which answers with each batch's target base offset;
-  a batch of n records from source offset s at target offset t proves s..s+n-1 at
-  t..t+n-1. DROP batches (markers, aborted transactions) are skipped.
+Contract, on the one thread that owns the copier, with one `RawCopyClients` (one event-loop
+thread, mm2py.kafka.raw_clients) for all its partitions:
+- Each round fetches every assigned partition from its position (after its progress, else
+  its log start) at read_committed, one Fetch per source leader, and `classify`s the
+  batches (mm2py.kafka.record_batches). The next round's Fetch goes out before this
+  round's batches are produced; its answers are used only after they are acknowledged.
+- PASS batches go, in order, to the same partition of the remote topic through the one
+  idempotent producer (batches of several partitions share a Produce), which answers with
+  each batch's target base offset; a batch of n records from source offset s at target
+  offset t proves s..s+n-1 at t..t+n-1. DROP batches (markers, aborted transactions) are
+  skipped.
 - RECORDS batches (compaction gaps, a delete horizon, LogAppendTime, magic 0/1, a fetch that
   starts inside the batch) are handed to the record path: the source part's consumer and
   producer (librdkafka: every codec, read_committed, the timestamps a reader sees) copy
   their records one by one, each with a delivery report, and are flushed before the next
   batch is produced, so the remote partition keeps the source's order. aiokafka could
   decode them, but has no zstd, lz4 or snappy codec here.
-- Nothing is produced before what was produced before it is acknowledged, so everything
-  produced is proven: `PartitionState.acked` is the last source offset on the target.
+- Nothing of a partition is produced before what was produced of it before is acknowledged,
+  so everything produced is proven: `PartitionState.acked` is the last source offset on
+  the target.
 - Offset syncs follow `SyncRule` (a batch's first record where the distance changes, the
   position past markers and aborted batches, the latest one at each progress write);
   progress, syncs and the statistics go through the `AtLeastOnce` committer, as the
@@ -40,13 +45,15 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from mm2py.kafka.raw_partition import (
-    BatchRejected,
-    IdempotentRawProducer,
-    OffsetOutOfRange,
-    RawFetcher,
+from mm2py.kafka.raw_clients import BatchRejected, Fetched, OffsetOutOfRange, RawCopyClients
+from mm2py.kafka.record_batches import (
+    Classified,
+    Decision,
+    Reason,
+    RecordBatch,
+    classify,
+    split_batches,
 )
-from mm2py.kafka.record_batches import Decision, Reason, RecordBatch, classify, split_batches
 from mm2py.logs import partition_fields
 from mm2py.replication.committers import AtLeastOnce
 from mm2py.replication.copy_loop import NewPartition, describe_partitions
@@ -57,26 +64,43 @@ from mm2py.replication.stats import ReplicationStats
 
 log = logging.getLogger(__name__)
 
-# How long one fetch waits for records when a partition has none: the copier fetches its
-# partitions one after another, so an idle round takes this long per partition.
-FETCH_WAIT_MS = 100
 # The longest a batch handed to the record path may take to read and be acknowledged.
 RECORDS_TIMEOUT = 60.0
 CONSUME_CHUNK = 500
 WATERMARK_TIMEOUT = 10.0
 
-FetcherFactory = Callable[[str, int], RawFetcher]
-ProducerFactory = Callable[[str, int], IdempotentRawProducer]
-
 
 @dataclass
 class _Partition:
-    """One assigned partition: its copy state, raw clients and next offset to fetch."""
+    """One assigned partition: its copy state and next offset to fetch."""
 
     state: PartitionState
-    fetcher: RawFetcher
-    producer: IdempotentRawProducer
     position: int
+
+    @property
+    def remote(self) -> tuple[str, int]:
+        """The remote partition, as the raw producer names it."""
+        return (self.state.remote_topic, self.state.partition)
+
+
+@dataclass
+class _Round:
+    """One partition's share of a fetch: its batches, classified, and where it goes on."""
+
+    part: _Partition
+    fetched: Fetched
+    items: list[Classified]
+
+    @property
+    def end(self) -> int:
+        """The position after this round's whole batches."""
+        if not self.items:
+            return self.part.position
+        return self.items[-1].batch.header.last_offset + 1
+
+    @property
+    def passes_only(self) -> bool:
+        return all(item.decision is not Decision.RECORDS for item in self.items)
 
 
 class BatchCopier:
@@ -84,8 +108,8 @@ class BatchCopier:
 
     Takes its clients ready-made: the source consumer (with ``enable.partition.eof``) and
     target producer of the record path (confluent-kafka: RECORDS batches, log start
-    offsets, and the committer's flushes), and factories of each partition's raw fetcher
-    and producer, called (and opened) when the partition is assigned.
+    offsets, and the committer's flushes), and the raw clients (opened at the first
+    assignment, closed by `finish`).
     """
 
     def __init__(
@@ -98,8 +122,7 @@ class BatchCopier:
         syncs: OffsetSyncWriter | None,
         stats: ReplicationStats,
         stored: Mapping[SourcePartition, int],
-        fetcher_for: FetcherFactory,
-        producer_for: ProducerFactory,
+        raw: RawCopyClients,
         poll_timeout: float = 1.0,
         on_partition_failed: Callable[[], None] | None = None,
     ) -> None:
@@ -110,8 +133,7 @@ class BatchCopier:
         self.producer = producer
         self.stats = stats
         self._stored = dict(stored)
-        self._fetcher_for = fetcher_for
-        self._producer_for = producer_for
+        self.raw = raw
         self._poll_timeout = poll_timeout
         self._on_partition_failed = on_partition_failed
         self.by_source: dict[SourcePartition, PartitionState] = {}
@@ -144,25 +166,18 @@ class BatchCopier:
                     state.acked = state.committed = state.submitted = stored
                 self.by_source[where] = state
             state.gone = False
-            old = self._partitions.pop(where, None)
-            if old is not None:  # assigned again without being let go: new clients
-                _close(old)
             if state.acked >= 0:
                 position = state.acked + 1
             else:
                 position = earliest.get(where, -1)
                 if position < 0:
                     position = self._log_start(state)
-            fetcher = self._fetcher_for(p.topic, p.partition)
-            producer = self._producer_for(p.remote_topic, p.partition)
-            fetcher.open()
-            try:
-                producer.open()
-            except BaseException:
-                fetcher.close()
-                raise
-            self._partitions[where] = _Partition(state, fetcher, producer, position)
+            # assigned again without being let go: on from its progress (an answer to the
+            # old position that is still out is not used)
+            self._partitions[where] = _Partition(state, position)
             started.append(TopicPartition(p.topic, p.partition, position))
+        if started:
+            self.raw.open()
         log.info("flow %s: now copying batches of %s", self.flow_name, describe_partitions(started))
 
     def _log_start(self, state: PartitionState) -> int:
@@ -180,7 +195,6 @@ class BatchCopier:
                 continue
             part.state.gone = True
             part.state.stats.lag = 0
-            _close(part)
             topics.add(where[0])
         return sorted(topics)
 
@@ -199,48 +213,80 @@ class BatchCopier:
     # -- copying ------------------------------------------------------------------
 
     def copy_batch(self, give_up: Callable[[], bool]) -> bool:
-        """One fetch per assigned partition, and what it brought copied and proven.
-        Raises when the part must restart."""
-        parts = [p for p in self._partitions.values() if p.state.failure is None]
+        """One fetch round over every assigned partition, and what it brought copied and
+        proven. Raises when the part must restart."""
+        parts = {k: p for k, p in self._partitions.items() if p.state.failure is None}
         if self.paused or not parts:
             time.sleep(min(self._poll_timeout, 0.1))
         else:
             self.stats.roll(time.time())
-            for part in parts:
-                if give_up():
-                    break
-                self._copy_fetch(part)
+            self._copy_round(parts, give_up)
         self.committer.end_batch(caught_up=True)
         return True
 
-    def _copy_fetch(self, part: _Partition) -> None:
-        """Fetch from the partition's position and copy what came, batch by batch."""
-        state = part.state
-        try:
-            fetched = part.fetcher.fetch(part.position)
-        except OffsetOutOfRange:
-            self._restart_at_log_start(part)
-            return
+    def _copy_round(
+        self, parts: dict[SourcePartition, _Partition], give_up: Callable[[], bool]
+    ) -> None:
+        fetched = self.raw.fetch({k: p.position for k, p in parts.items()})
         wall = time.time()
-        split = split_batches(fetched.records)
+        rounds: dict[SourcePartition, _Round] = {}
+        for where, result in fetched.items():
+            part = parts[where]
+            if isinstance(result, OffsetOutOfRange):
+                self._restart_at_log_start(part)
+                continue
+            items = classify(split_batches(result.records).batches, part.position, result.aborted)
+            for item in items:
+                self.reasons[item.reason] += 1
+            rounds[where] = _Round(part, result, items)
+        if not give_up():
+            # The next fetch goes out now, from where this round ends: its answers are read
+            # in the next round, after this round's batches are acknowledged.
+            self.raw.prefetch(
+                {k: rounds[k].end if k in rounds else p.position for k, p in parts.items()}
+            )
+        self._pass_rounds([r for r in rounds.values() if r.passes_only], wall)
+        for r in rounds.values():
+            if not r.passes_only and r.part.state.failure is None:
+                self._copy_in_order(r, wall)
+        for r in rounds.values():
+            if r.part.state.failure is None:
+                r.part.state.stats.lag = max(r.fetched.high_watermark - r.part.position, 0)
+                self._sync_position(r.part)
+
+    def _pass_rounds(self, rounds: list[_Round], wall: float) -> None:
+        """Produce the PASS batches of partitions that have nothing to go record by record,
+        all in one `produce`; DROP batches only move the position."""
+        batches = {
+            r.part.remote: [i.batch for i in r.items if i.decision is Decision.PASS] for r in rounds
+        }
+        produced = self.raw.produce({k: v for k, v in batches.items() if v})
+        for r in rounds:
+            key = r.part.remote
+            outcome = produced.get(key)
+            if outcome is not None and not self._acknowledged(r.part, batches[key], outcome, wall):
+                continue
+            r.part.position = r.end
+
+    def _copy_in_order(self, r: _Round, wall: float) -> None:
+        """A fetch with batches to go record by record: PASS runs produced before and after
+        each of them, in log order."""
+        part, state = r.part, r.part.state
         passing: list[RecordBatch] = []
-        for item in classify(split.batches, part.position, fetched.aborted):
-            self.reasons[item.reason] += 1
+        for item in r.items:
             if item.decision is Decision.PASS:
                 passing.append(item.batch)
                 continue
             self._pass(part, passing, wall)
             passing = []
-            if item.decision is Decision.RECORDS and state.failure is None:
-                self._copy_records(part, item.batch)
             if state.failure is not None:
                 return
+            if item.decision is Decision.RECORDS:
+                self._copy_records(part, item.batch)
+                if state.failure is not None:
+                    return
             part.position = item.batch.header.last_offset + 1
         self._pass(part, passing, wall)
-        if state.failure is not None:
-            return
-        state.stats.lag = max(fetched.high_watermark - part.position, 0)
-        self._sync_position(part)
 
     def _restart_at_log_start(self, part: _Partition) -> None:
         """The position is not in the log: continue from the log start, as the record
@@ -289,15 +335,27 @@ class BatchCopier:
             self._on_partition_failed()
 
     def _pass(self, part: _Partition, batches: list[RecordBatch], wall: float) -> None:
-        """Produce PASS batches as they are; each proves its records where it landed."""
+        """Produce one partition's PASS batches as they are (see `_acknowledged`)."""
         if not batches:
             return
+        key = part.remote
+        if self._acknowledged(part, batches, self.raw.produce({key: batches})[key], wall):
+            part.position = batches[-1].header.last_offset + 1
+
+    def _acknowledged(
+        self,
+        part: _Partition,
+        batches: list[RecordBatch],
+        outcome: list[int] | BatchRejected,
+        wall: float,
+    ) -> bool:
+        """Record what produced PASS batches prove, each where it landed; False when the
+        target rejected one (the partition is stopped)."""
         state = part.state
         stats = state.stats
         committer = self.committer
-        try:
-            bases = part.producer.produce(batches)
-        except BatchRejected as exc:
+        if isinstance(outcome, BatchRejected):
+            exc = outcome
             # Batches before the refused one may be on the target: at-least-once, they
             # count for nothing and are copied again when the flow is restarted.
             first = batches[0].header
@@ -307,9 +365,9 @@ class BatchCopier:
                 f"{state.partition} (offsets {first.base_offset}..{batches[-1].header.last_offset}"
                 f" sent as {len(batches)} batches) for remote topic {state.remote_topic}: {exc}",
             )
-            return
+            return False
         now = time.time()
-        for batch, target_base in zip(batches, bases, strict=True):
+        for batch, target_base in zip(batches, outcome, strict=True):
             header = batch.header
             count = header.record_count
             if state.syncs.on_copied(header.base_offset, target_base):
@@ -320,7 +378,7 @@ class BatchCopier:
             first_ts, last_ts = header.base_timestamp, header.max_timestamp
             stats.record_age.observe_span(wall - first_ts / 1000.0, wall - last_ts / 1000.0, count)
             committer.on_copied(stats, count, first_ts, last_ts, now)
-        part.position = batches[-1].header.last_offset + 1
+        return True
 
     def _copy_records(self, part: _Partition, batch: RecordBatch) -> None:
         """Copy the records of `batch` from the partition's position through the record
@@ -453,17 +511,9 @@ class BatchCopier:
         try:
             self.committer.finish(deadline)
         finally:
-            for part in self._partitions.values():
-                _close(part)
             self._partitions.clear()
+            self.raw.close()
 
     @property
     def restart_reason(self) -> str | None:
         return self.committer.restart_reason
-
-
-def _close(part: _Partition) -> None:
-    try:
-        part.fetcher.close()
-    finally:
-        part.producer.close()

@@ -11,15 +11,19 @@ the last marker, translates through the offset syncs exactly to its copy; and
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from mm2py.dev.launcher import LocalCluster
+from mm2py.dev.processes import process_tree
 from mm2py.kafka import clients
 from mm2py.kafka.internal_topics import read_offset_syncs
 from mm2py.replication.progress import ProgressStore
@@ -47,8 +51,15 @@ _COORDINATOR_NOT_READY = (
 )
 
 
-def _produce(cluster: LocalCluster, topic: str, compression: str, count: int = RECORDS) -> None:
-    """Records with keys, headers (one empty, one null) and distinct timestamps."""
+def _produce(
+    cluster: LocalCluster,
+    topic: str,
+    compression: str,
+    count: int = RECORDS,
+    partitions: Sequence[int] = tuple(range(PARTITIONS)),
+) -> None:
+    """Records with keys, headers (one empty, one null) and distinct timestamps, round
+    robin over `partitions`."""
     producer = clients.producer(
         cluster.client_properties(),
         # batches of about 70 records: many per partition
@@ -61,7 +72,7 @@ def _produce(cluster: LocalCluster, topic: str, compression: str, count: int = R
             value=f"{compression} record {n} ".encode() * 8,
             headers=[("n", f"{n}".encode()), ("empty", b""), ("null", None)],
             timestamp=RECENT_MS + n,
-            partition=n % PARTITIONS,
+            partition=partitions[n % len(partitions)],
         )
         if n % 1000 == 0:
             producer.poll(0)
@@ -111,16 +122,22 @@ def _copied(a: LocalCluster, b: LocalCluster, topic: str, after: int = -1) -> bo
     return len(read_all(b, f"A.{topic}")) >= len(source) > 0
 
 
-def _check_exact(a: LocalCluster, b: LocalCluster, topic: str, after: int = -1) -> None:
-    """Same records in the same order (those after source offset `after`); every offset
-    and the end translate exactly."""
+def _check_exact(
+    a: LocalCluster,
+    b: LocalCluster,
+    topic: str,
+    after: int = -1,
+    partitions: Sequence[int] = tuple(range(PARTITIONS)),
+) -> None:
+    """Same records in the same order (those after source offset `after`) in `partitions`
+    (the ones with records); every offset and the end translate exactly."""
     source = _by_partition([r for r in read_all(a, topic) if r.offset > after])
     target = _by_partition(read_all(b, f"A.{topic}"))
-    assert sorted(source) == sorted(target) == list(range(PARTITIONS)), topic
+    assert sorted(source) == sorted(target) == sorted(partitions), topic
     store = read_offset_syncs(a.client_properties(), "A", SYNCS_TOPIC)
     assert store is not None
     ends_a, ends_b = end_offsets(a, topic), end_offsets(b, f"A.{topic}")
-    for p in range(PARTITIONS):
+    for p in partitions:
         assert [r.content() for r in source[p]] == [r.content() for r in target[p]], (topic, p)
         for src, copy in zip(source[p], target[p], strict=True):
             translation = store.translation(topic, p, src.offset)
@@ -227,9 +244,15 @@ def test_batch_mode_copies_batches_identically_with_exact_syncs(
         assert line in metrics, (line, [m for m in metrics.splitlines() if topic in m][:5])
 
 
-def _exact_now(a: LocalCluster, b: LocalCluster, topic: str, after: int = -1) -> bool:
+def _exact_now(
+    a: LocalCluster,
+    b: LocalCluster,
+    topic: str,
+    after: int = -1,
+    partitions: Sequence[int] = tuple(range(PARTITIONS)),
+) -> bool:
     try:
-        _check_exact(a, b, topic, after)
+        _check_exact(a, b, topic, after, partitions)
     except AssertionError as exc:
         print(f"not exact yet: {exc}")
         return False
@@ -287,3 +310,68 @@ def test_batch_mode_resumes_from_progress_inside_a_zstd_batch(
     copies = read_all(cluster_b, f"A.{unique}")
     assert len(copies) == RECORDS - PARTITIONS * (last_copied + 1)
     assert reasons["starts_before_position"] == PARTITIONS and reasons["whole"] > 0, reasons
+
+
+MANY = 40
+BUSY = (0, 13, 26, 39)  # the partitions with records at first; the others idle
+LATER = (5, 20, 33)  # idle partitions that get records while the copier runs
+
+
+def _threads(pid: int) -> int:
+    """The threads of `pid` and its descendants now."""
+    total = 0
+    for member in process_tree(pid):
+        with contextlib.suppress(FileNotFoundError):
+            total += len(os.listdir(f"/proc/{member}/task"))
+    return total
+
+
+def test_batch_mode_copies_a_few_busy_partitions_among_many_idle_ones(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
+) -> None:
+    """One round fetches all 40 partitions: records of the 4 busy ones, and later of 3
+    that were idle, arrive identically with exact syncs while the rest stay idle; and
+    adding the 40 partitions to a copier of one adds no thread per partition (the raw
+    clients of every partition share one event-loop thread)."""
+    one, many = f"{unique}-one", f"{unique}-many"
+    create_topic(cluster_a, one, partitions=1)
+    _produce(cluster_a, one, "zstd", count=200, partitions=(0,))
+    config = tmp_path / "mm2.properties"
+    config.write_text(
+        mm2_properties(cluster_a, cluster_b, f"{unique}-.*", **{"replication.copy.mode": "batch"})
+    )
+    with running_daemon(config) as daemon:
+        wait_until(
+            lambda: _exact_now(cluster_a, cluster_b, one, partitions=(0,)),
+            timeout=120,
+            interval=1.0,
+            what=f"{one} on B, translating exactly",
+        )
+        threads_one = _threads(daemon.proc.pid)
+        create_topic(cluster_a, many, partitions=MANY)
+        _produce(cluster_a, many, "zstd", count=800, partitions=BUSY)
+        wait_until(
+            lambda: _exact_now(cluster_a, cluster_b, many, partitions=BUSY),
+            timeout=120,
+            interval=1.0,
+            what=f"the busy partitions of {many} on B, translating exactly",
+        )
+        _produce(cluster_a, many, "lz4", count=300, partitions=LATER)
+        wait_until(
+            lambda: _exact_now(cluster_a, cluster_b, many, partitions=sorted(BUSY + LATER)),
+            timeout=60,
+            interval=1.0,
+            what=f"the records produced later into idle partitions of {many} on B",
+        )
+        threads_many = _threads(daemon.proc.pid)
+        metrics = daemon.metrics()
+        assert daemon.stop()[0] == 0
+        log_text = daemon.log()
+    assert len(read_all(cluster_b, f"A.{many}")) == 1100
+    assert end_offsets(cluster_b, f"A.{many}") == end_offsets(cluster_a, many)
+    line = f'mm2py_records_total{{source="A",target="B",topic="A.{many}"}} 1100.0'
+    assert line in metrics, [m for m in metrics.splitlines() if many in m][:5]
+    assert _reasons(log_text)["whole"] > 0
+    print(f"threads: {threads_one} copying 1 partition, {threads_many} copying {MANY + 1}")
+    # A raw fetcher and producer per partition made 80 threads for these 40 partitions.
+    assert threads_many - threads_one < MANY // 4, (threads_one, threads_many)

@@ -5,7 +5,8 @@ the counting). A read_committed read of the remote topic must then have:
 
 - exactly-once (`B.exactly.once.source.support = enabled`): every record exactly once,
   in order per partition;
-- at-least-once (the key absent): no record lost (repeats allowed, and counted);
+- at-least-once (the key absent): no record lost (repeats allowed, and counted), also
+  with batch pass-through forced (`replication.copy.mode = batch`, three node kills);
 
 and no node may have crashed (died of a signal the scenario did not send; such a node
 is restarted so that the counts are still found, and named in the report).
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Clusters
-from tests.faults_scenario import SEED, Mode, Outcome, run_scenario
+from tests.faults_scenario import NODE_KILLS, SEED, Mode, Outcome, run_scenario
 
 # The clusters' fixtures start A and B for the session if they do not run yet.
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("cluster_a", "cluster_b")]
@@ -32,18 +33,43 @@ def _seed() -> int:
     return int(os.environ.get("MM2PY_FAULTS_SEED", SEED))
 
 
-def _run(clusters: Clusters, tmp_path: Path, unique: str, mode: Mode) -> Outcome:
-    outcome = run_scenario(clusters.kafka, tmp_path, unique, mode, _seed(), log=print)
+def _run(
+    clusters: Clusters,
+    tmp_path: Path,
+    unique: str,
+    mode: Mode,
+    copy_mode: str | None = None,
+    node_kills: int = NODE_KILLS,
+) -> Outcome:
+    outcome = run_scenario(
+        clusters.kafka,
+        tmp_path,
+        unique,
+        mode,
+        _seed(),
+        log=print,
+        copy_mode=copy_mode,
+        node_kills=node_kills,
+    )
     print(outcome.report())
     assert outcome.per_partition, outcome.report()
     return outcome
 
 
 @pytest.mark.timeout(480)
+@pytest.mark.parametrize(
+    ("copy_mode", "node_kills"),
+    [
+        pytest.param(None, NODE_KILLS, id="default"),
+        # Batch pass-through forced, with fewer node kills: the broker faults and the
+        # zombie are what its raw clients must survive; three kills still land mid-copy.
+        pytest.param("batch", 3, id="batch"),
+    ],
+)
 def test_at_least_once_loses_nothing_under_kills_broker_loss_and_a_zombie(
-    clusters: Clusters, tmp_path: Path, unique: str
+    clusters: Clusters, tmp_path: Path, unique: str, copy_mode: str | None, node_kills: int
 ) -> None:
-    outcome = _run(clusters, tmp_path, unique, "at-least-once")
+    outcome = _run(clusters, tmp_path, unique, "at-least-once", copy_mode, node_kills)
     for p, counts in outcome.per_partition.items():
         assert counts.lost == 0 and counts.foreign == 0, (
             f"partition {p}: {counts}\n{outcome.report()}"

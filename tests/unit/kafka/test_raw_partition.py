@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from pathlib import Path
 from types import SimpleNamespace
@@ -90,7 +91,7 @@ def test_construct_makes_no_connection() -> None:
 
 def test_a_cluster_that_does_not_answer_is_a_clear_error() -> None:
     fetcher = RawFetcher({"bootstrap.servers": "127.0.0.1:1"}, "t", 3)
-    with pytest.raises(RawPartitionError, match=r"connect for t-3 on 127.0.0.1:1 failed.*up"):
+    with pytest.raises(RawPartitionError, match=r"connect to 127.0.0.1:1 failed.*up"):
         fetcher.open()
     fetcher.close()
 
@@ -140,10 +141,13 @@ class FakeClient:
     async def close(self) -> None:
         pass
 
-    async def force_metadata_update(self) -> bool:
+    def force_metadata_update(self) -> asyncio.Future[bool]:
+        # as AIOKafkaClient's: a future, awaited or not
         self.refreshes += 1
         self.cluster.leader = self.failover_to
-        return True
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        done.set_result(True)
+        return done
 
     async def send(self, node: int, request: Any) -> Any:
         number = len(self.sent)

@@ -81,6 +81,54 @@ class FakeRawProducer:
         return bases
 
 
+class FakeRaw:
+    """The copier's raw clients: a FakeFetcher per source partition and a FakeRawProducer
+    per remote partition; records each fetch round, prefetch and produce call."""
+
+    def __init__(
+        self,
+        fetchers: dict[tuple[str, int], FakeFetcher],
+        producers: dict[tuple[str, int], FakeRawProducer],
+    ) -> None:
+        self.fetchers = fetchers
+        self.producers = producers
+        self.rounds: list[dict[tuple[str, int], int]] = []
+        self.prefetched: list[dict[tuple[str, int], int]] = []
+        self.produce_calls: list[list[tuple[str, int]]] = []
+        self.opened = self.closed = False
+
+    def open(self) -> None:
+        self.opened = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def fetch(self, positions: dict[tuple[str, int], int]) -> dict[tuple[str, int], Any]:
+        self.rounds.append(dict(positions))
+        out: dict[tuple[str, int], Any] = {}
+        for key, position in positions.items():
+            try:
+                out[key] = self.fetchers[key].fetch(position)
+            except OffsetOutOfRange as exc:
+                out[key] = exc
+        return out
+
+    def prefetch(self, positions: dict[tuple[str, int], int]) -> None:
+        self.prefetched.append(dict(positions))
+
+    def produce(
+        self, batches: dict[tuple[str, int], list[RecordBatch]]
+    ) -> dict[tuple[str, int], Any]:
+        self.produce_calls.append(sorted(batches))
+        out: dict[tuple[str, int], Any] = {}
+        for key, items in batches.items():
+            try:
+                out[key] = self.producers[key].produce(items)
+            except BatchRejected as exc:
+                out[key] = exc
+        return out
+
+
 class RecordsConsumer(FakeConsumer):
     """FakeConsumer with the assign/unassign the record path's hand-over uses."""
 
@@ -132,8 +180,7 @@ def _copier(
         syncs,  # type: ignore[arg-type]
         ReplicationStats("A", "B"),
         stored or {},
-        lambda _t, _p: fetcher,  # type: ignore[arg-type,return-value]
-        lambda _t, _p: raw,  # type: ignore[arg-type,return-value]
+        FakeRaw({("t", 0): fetcher}, {("A.t", 0): raw}),  # type: ignore[arg-type]
     )
     copier.assign([NewPartition("t", 0, "A.t")], {("t", 0): 0})
     return copier, fetcher, raw, syncs, progress
@@ -151,7 +198,7 @@ def test_whole_batches_pass_aborted_and_markers_drop_syncs_follow_the_distance()
         _records(6, 2),
     ]
     copier, fetcher, raw, syncs, progress = _copier(log, [AbortedTransaction(7, 0)])
-    assert fetcher.opened and raw.opened
+    assert copier.raw.opened  # type: ignore[attr-defined]
     copier.copy_batch(lambda: False)
     assert raw.produced == [3, 6]
     # One sync where the distance is set (3 -> 100); 6 -> 103 keeps it.
@@ -211,11 +258,11 @@ def test_a_batch_fetched_from_inside_goes_record_by_record_through_the_record_pa
 
 
 def test_finish_records_progress_and_closes_the_raw_clients() -> None:
-    copier, fetcher, raw, _, progress = _copier([_records(0, 2)])
+    copier, _, _, _, progress = _copier([_records(0, 2)])
     copier.copy_batch(lambda: False)
     copier.finish(0.0)
     assert progress.written == {("t", 0): 1}
-    assert fetcher.closed and raw.closed
+    assert copier.raw.closed  # type: ignore[attr-defined]
 
 
 def test_records_deleted_before_they_were_copied_are_counted_and_skipped() -> None:
@@ -280,10 +327,79 @@ def test_a_record_rejected_on_the_record_path_stops_its_partition_after_the_ones
     assert progress.written == {("t", 0): 1}  # offset 1 was copied before it
 
 
-def test_assigned_again_closes_the_old_clients_and_continues_after_progress() -> None:
-    copier, fetcher, raw, _, _ = _copier([_records(0, 2)])
+def test_assigned_again_continues_after_progress() -> None:
+    copier, fetcher, _, _, _ = _copier([_records(0, 2)])
     copier.copy_batch(lambda: False)
     copier.assign([NewPartition("t", 0, "A.t")], {("t", 0): 0})
-    assert fetcher.closed and raw.closed  # the factories hand out the same stand-ins
     copier.copy_batch(lambda: False)
     assert fetcher.fetches == [0, 2]
+
+
+def test_one_round_fetches_every_partition_and_produces_them_together() -> None:
+    """Three partitions: two whose batches all pass share one produce; the third has a
+    batch fetched from inside, copied record by record, then its next batch produced.
+    The next round's fetch goes out from where this one ends, before producing."""
+    fetchers = {
+        ("t", 0): FakeFetcher([_records(0, 2), _records(2, 3)]),
+        ("t", 1): FakeFetcher([_records(0, 4)]),
+        ("t", 2): FakeFetcher([_records(0, 4), _records(4, 2)]),
+        ("t", 3): FakeFetcher([]),  # idle
+    }
+    producers = {("A.t", p): FakeRawProducer() for p in range(4)}
+    raw = FakeRaw(fetchers, producers)
+    copier = BatchCopier(
+        "A->B",
+        "B",
+        RecordsConsumer(),
+        FakeProducer(),
+        FakeProgress(),  # type: ignore[arg-type]
+        RecordingSyncs(),  # type: ignore[arg-type]
+        ReplicationStats("A", "B"),
+        {("t", 2): 1},
+        raw,  # type: ignore[arg-type]
+    )
+    copier.assign([NewPartition("t", p, "A.t") for p in range(4)], {})
+    consumer: RecordsConsumer = copier.consumer
+    consumer.queued = [Record("t", 2, o, key=b"k", value=b"v") for o in (2, 3, 4)]
+    producer: FakeProducer = copier.producer
+    producer.skip("A.t", 2, TARGET_START)
+    producers[("A.t", 2)].end = TARGET_START + 2  # after the two records the record path copies
+    copier.copy_batch(lambda: False)
+    assert raw.rounds == [{("t", 0): 0, ("t", 1): 0, ("t", 2): 2, ("t", 3): 0}]
+    assert raw.prefetched == [{("t", 0): 5, ("t", 1): 4, ("t", 2): 6, ("t", 3): 0}]
+    assert raw.produce_calls == [[("A.t", 0), ("A.t", 1)], [("A.t", 2)]]
+    assert producers[("A.t", 0)].produced == [0, 2] and producers[("A.t", 1)].produced == [0]
+    assert producers[("A.t", 2)].produced == [4]
+    acked = {p: (s.acked, s.acked_downstream) for (_, p), s in copier.by_source.items()}
+    assert acked == {
+        0: (4, TARGET_START + 4),
+        1: (3, TARGET_START + 3),
+        2: (5, TARGET_START + 3),
+        3: (-1, -1),
+    }
+    copier.copy_batch(lambda: False)
+    assert raw.rounds[-1] == {("t", 0): 5, ("t", 1): 4, ("t", 2): 6, ("t", 3): 0}
+
+
+def test_a_rejected_partition_stops_alone() -> None:
+    fetchers = {("t", p): FakeFetcher([_records(0, 2)]) for p in range(2)}
+    producers = {("A.t", p): FakeRawProducer() for p in range(2)}
+    producers[("A.t", 1)].refuse = {0}
+    raw = FakeRaw(fetchers, producers)
+    copier = BatchCopier(
+        "A->B",
+        "B",
+        RecordsConsumer(),
+        FakeProducer(),
+        FakeProgress(),  # type: ignore[arg-type]
+        RecordingSyncs(),  # type: ignore[arg-type]
+        ReplicationStats("A", "B"),
+        {},
+        raw,  # type: ignore[arg-type]
+    )
+    copier.assign([NewPartition("t", p, "A.t") for p in range(2)], {("t", 0): 0, ("t", 1): 0})
+    copier.copy_batch(lambda: False)
+    copier.copy_batch(lambda: False)
+    assert list(copier.failed_partitions()) == ["A.t-1"]
+    assert raw.rounds[-1] == {("t", 0): 2}  # the stopped partition is not fetched again
+    assert copier.by_source[("t", 0)].acked == 1

@@ -1,0 +1,776 @@
+"""Raw record batches over Kafka's protocol, for many partitions on one event-loop thread.
+
+confluent-kafka cannot fetch or produce batches as bytes, so this module uses aiokafka's
+protocol layer (`AIOKafkaClient.send` with Fetch v11 and Produce v7 against Kafka 4.x).
+
+- `FetchSession` (source): one Fetch at read_committed per leader broker, covering all its
+  asked partitions (their own positions, `partition_max_bytes` each, `max_bytes` in all,
+  the broker answering after `max_wait_ms` or once `min_bytes` are there). At most one
+  request per broker is out; `prefetch` sends the next ones and returns at once.
+- `IdempotentProduceSession` (target): one producer id; a sequence per partition. Several
+  partitions' batches go in one Produce (acks=all) per leader, at most `MAX_IN_FLIGHT`
+  batches of a partition out at a time (the broker dedupes a producer's last 5 per
+  partition), and a partition is resent from its first failed batch.
+- Per partition: retriable errors (leader change, lost broker) refresh metadata and are
+  retried until `retry_timeout` without progress, then `RawPartitionError` names the
+  partition; `OffsetOutOfRange` and `BatchRejected` are results of that partition alone.
+- `RawLoop` is the one thread: sessions' coroutines run on it; `RawCopyClients` is a
+  copier's synchronous facade (construct, then `open()`; `close()` stops the thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import ssl
+import threading
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, TypeVar
+
+from aiokafka import errors as aiokafka_errors
+from aiokafka.client import AIOKafkaClient
+from aiokafka.helpers import create_ssl_context
+from aiokafka.protocol.fetch import FetchRequest
+from aiokafka.protocol.produce import ProduceRequest
+from aiokafka.protocol.transaction import InitProducerIdRequest
+from aiokafka.structs import TopicPartition
+
+from mm2py.kafka.record_batches import (
+    AbortedTransaction,
+    RecordBatch,
+    next_sequence,
+    rewrite_for_produce,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+TP = tuple[str, int]  # (topic, partition)
+
+READ_COMMITTED = 1
+ACKS_ALL = -1
+# Kafka's idempotent producer keeps at most 5 batches in flight per partition: the broker
+# remembers the last 5 batches of a producer and answers a resent one with its first offset.
+MAX_IN_FLIGHT = 5
+MIN_FETCH_VERSION = 11
+RETRY_BACKOFF = 0.1
+MAX_RETRY_BACKOFF = 1.0
+# A consumer's defaults: fetch.wait.max.ms, fetch.min.bytes, max.partition.fetch.bytes.
+FETCH_WAIT_MS = 500
+FETCH_MIN_BYTES = 1
+PARTITION_MAX_BYTES = 1 << 20
+FETCH_MAX_BYTES = 16 << 20
+# Batches of several partitions share a Produce request up to this size (a single batch
+# may be larger; the broker's socket.request.max.bytes is 100 MiB).
+MAX_REQUEST_BYTES = 8 << 20
+# Errors of the connection itself (broker down, request lost): retried like a leader change.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    aiokafka_errors.KafkaConnectionError,
+    aiokafka_errors.NodeNotReadyError,
+    aiokafka_errors.RequestTimedOutError,
+    asyncio.TimeoutError,
+    OSError,
+)
+
+
+class RawPartitionError(Exception):
+    """A raw Fetch or Produce failed for good: the message names the cluster, topic,
+    partition and error, and what to do."""
+
+
+class OffsetOutOfRange(RawPartitionError):
+    """The fetch position is not in the partition's log (deleted by retention or
+    delete_records, or past the end of a truncated or recreated partition)."""
+
+
+class BatchRejected(RawPartitionError):
+    """The target refused a batch for what it holds (too large, invalid, not authorised),
+    not for the producer's state: sending it again cannot succeed."""
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """One Fetch answer for a partition, at read_committed."""
+
+    position: int  # the offset asked for
+    records: bytes  # record batches as stored; the last may be cut short
+    aborted: list[AbortedTransaction]
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+
+
+def client_settings(props: Mapping[str, str]) -> dict[str, Any]:
+    """AIOKafkaClient's keyword arguments from a cluster's librdkafka properties.
+
+    Connection keys only (bootstrap, security protocol, SASL PLAIN/SCRAM, TLS files);
+    librdkafka tuning keys do not apply and are not read.
+    """
+    settings: dict[str, Any] = {"bootstrap_servers": props["bootstrap.servers"]}
+    protocol = props.get("security.protocol", "PLAINTEXT").upper()
+    if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
+        raise ValueError(f"security.protocol {protocol!r} is not one raw batches can use")
+    settings["security_protocol"] = protocol
+    if protocol.startswith("SASL"):
+        mechanism = props.get("sasl.mechanism", props.get("sasl.mechanisms", "GSSAPI")).upper()
+        if mechanism not in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
+            raise ValueError(
+                f"sasl.mechanism {mechanism!r}: raw batches support PLAIN and SCRAM-SHA-256/512"
+            )
+        settings["sasl_mechanism"] = mechanism
+        settings["sasl_plain_username"] = props.get("sasl.username")
+        settings["sasl_plain_password"] = props.get("sasl.password")
+    if protocol.endswith("SSL"):
+        context = create_ssl_context(
+            cafile=props.get("ssl.ca.location"),
+            certfile=props.get("ssl.certificate.location"),
+            keyfile=props.get("ssl.key.location"),
+            password=props.get("ssl.key.password"),
+        )
+        if props.get("enable.ssl.certificate.verification", "true").lower() == "false":
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        elif props.get("ssl.endpoint.identification.algorithm", "https").lower() == "none":
+            context.check_hostname = False
+        settings["ssl_context"] = context
+    return settings
+
+
+class RawLoop:
+    """An asyncio loop on a thread of its own; `run` waits for a coroutine on it."""
+
+    def __init__(self, name: str) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return future.result()
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
+def error_class(code: int) -> Any:
+    return aiokafka_errors.for_code(code)
+
+
+def describe(tps: Sequence[TP]) -> str:
+    """`t-0, t-1` (the first 5, then how many more)."""
+    names = [f"{t}-{p}" for t, p in sorted(tps)]
+    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+    return ", ".join(names[:5]) + more
+
+
+class _Session:
+    """What both sessions share: the client (made on the loop), leaders, errors."""
+
+    role = "raw"
+
+    def __init__(
+        self,
+        props: Mapping[str, str],
+        *,
+        retry_timeout: float = 60.0,
+        request_timeout_ms: int = 30_000,
+        client_factory: Callable[[], Any] | None = None,
+    ) -> None:
+        self._settings = client_settings(props)
+        # tests hand in a stand-in for AIOKafkaClient; it is made on the loop, as
+        # AIOKafkaClient must be
+        self._client_factory = client_factory or self._aiokafka_client
+        self.bootstrap = props["bootstrap.servers"]
+        self.retry_timeout = retry_timeout
+        self.request_timeout_ms = request_timeout_ms
+        self._client: Any = None
+        self._topics: set[str] = set()
+
+    def _aiokafka_client(self) -> Any:
+        return AIOKafkaClient(
+            client_id=f"mm2py-{self.role}",
+            request_timeout_ms=self.request_timeout_ms,
+            **self._settings,
+        )
+
+    def error(self, what: str, tps: Sequence[TP], cause: str, advice: str) -> RawPartitionError:
+        return RawPartitionError(
+            f"{what} for {describe(tps)} on {self.bootstrap} failed: {cause}. {advice}"
+        )
+
+    async def open(self) -> None:
+        self._client = self._client_factory()
+        try:
+            await self._client.bootstrap()
+        except CONNECTION_ERRORS as exc:
+            raise RawPartitionError(
+                f"connect to {self.bootstrap} failed: {exc}. Check bootstrap.servers and "
+                "that the cluster is up"
+            ) from exc
+
+    async def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()
+
+    def leaders(self, tps: Sequence[TP]) -> tuple[dict[int, list[TP]], list[TP]]:
+        """The partitions by leader node, and those whose leader is not known (for which
+        a metadata refresh is asked)."""
+        by_leader: dict[int, list[TP]] = {}
+        unknown: list[TP] = []
+        for tp in tps:
+            if tp[0] not in self._topics:
+                self._topics.add(tp[0])
+                self._client.add_topic(tp[0])
+            leader = self._client.cluster.leader_for_partition(TopicPartition(*tp))
+            if leader is None or leader < 0:
+                unknown.append(tp)
+            else:
+                by_leader.setdefault(int(leader), []).append(tp)
+        if unknown:
+            self._client.force_metadata_update()
+        return by_leader, unknown
+
+    def no_leader(self, what: str, tps: Sequence[TP]) -> RawPartitionError:
+        """Why partitions still have no leader after the retry timeout."""
+        topic, partition = tps[0]
+        cluster = self._client.cluster
+        if topic in cluster.unauthorized_topics:
+            return self.error(
+                what,
+                tps,
+                "topic authorization failed",
+                "Grant this client's principal DESCRIBE (and READ or WRITE) on the topic",
+            )
+        known = cluster.partitions_for_topic(topic)
+        cause = "no such topic" if known is None else "no leader"
+        if known is not None and partition not in known:
+            cause = f"no such partition (the topic has {len(known)})"
+        return self.error(
+            what,
+            tps,
+            f"{cause} after {self.retry_timeout:.0f} s",
+            "Check that the topic exists and its partition has a leader",
+        )
+
+
+class FetchSession(_Session):
+    """Fetch raw batches of many source partitions at read_committed (see the module)."""
+
+    role = "fetcher"
+
+    def __init__(
+        self,
+        props: Mapping[str, str],
+        *,
+        max_wait_ms: int = FETCH_WAIT_MS,
+        min_bytes: int = FETCH_MIN_BYTES,
+        partition_max_bytes: int = PARTITION_MAX_BYTES,
+        max_bytes: int = FETCH_MAX_BYTES,
+        retry_timeout: float = 60.0,
+        request_timeout_ms: int = 30_000,
+        client_factory: Callable[[], Any] | None = None,
+    ) -> None:
+        super().__init__(
+            props,
+            retry_timeout=retry_timeout,
+            request_timeout_ms=request_timeout_ms,
+            client_factory=client_factory,
+        )
+        self.max_wait_ms = max_wait_ms
+        self.min_bytes = min_bytes
+        self.partition_max_bytes = partition_max_bytes
+        self.max_bytes = max_bytes
+        # the request out to each leader: its task answers what it asked
+        self._out: dict[int, asyncio.Task[tuple[dict[TP, int], Any]]] = {}
+        self._failing_since: dict[TP, float] = {}
+        self._backoff: dict[int, float] = {}
+
+    async def close(self) -> None:
+        for task in self._out.values():
+            task.cancel()
+        for task in self._out.values():
+            with contextlib.suppress(BaseException):  # cancelled, or failed: closing
+                await task
+        self._out.clear()
+        await super().close()
+
+    async def prefetch(self, positions: Mapping[TP, int]) -> None:
+        """Send a Fetch to every leader of `positions` that has none out."""
+        by_leader, unknown = self.leaders(list(positions))
+        now = time.monotonic()
+        for tp in unknown:
+            self._failing_since.setdefault(tp, now)
+        for leader, tps in by_leader.items():
+            if leader not in self._out:
+                asked = {tp: positions[tp] for tp in tps}
+                self._out[leader] = asyncio.ensure_future(self._request(leader, asked))
+        self._check_deadlines(positions)
+
+    async def fetch(self, positions: Mapping[TP, int]) -> dict[TP, Fetched | OffsetOutOfRange]:
+        """What the next answers bring for `positions`: sends what `prefetch` sends, waits
+        for at least one answer, and returns every answer in by then. Partitions that are
+        retrying, or whose answer was for another position, are left out."""
+        await self.prefetch(positions)
+        if not self._out:  # no leader known for any: wait for metadata
+            await asyncio.sleep(RETRY_BACKOFF)
+            return {}
+        await asyncio.wait(list(self._out.values()), return_when=asyncio.FIRST_COMPLETED)
+        results: dict[TP, Fetched | OffsetOutOfRange] = {}
+        for leader, task in list(self._out.items()):
+            if not task.done():
+                continue
+            del self._out[leader]
+            asked, response = task.result()
+            self._read(asked, response, positions, results)
+        self._check_deadlines(positions)
+        return results
+
+    async def _request(self, leader: int, asked: dict[TP, int]) -> tuple[dict[TP, int], Any]:
+        """One Fetch to `leader`; a connection error is the answer, after a backoff."""
+        by_topic: dict[str, list[tuple[int, int, int]]] = {}
+        for (topic, partition), position in asked.items():
+            by_topic.setdefault(topic, []).append((partition, position, self.partition_max_bytes))
+        request = FetchRequest(
+            max_wait_time=self.max_wait_ms,
+            min_bytes=self.min_bytes,
+            max_bytes=self.max_bytes,
+            isolation_level=READ_COMMITTED,
+            topics=list(by_topic.items()),
+        )
+        try:
+            response: Any = await self._client.send(leader, request)
+        except CONNECTION_ERRORS as exc:
+            response = exc
+        if not _retriable_answer(response):
+            self._backoff.pop(leader, None)
+            return asked, response
+        # a lost broker or a leader change: wait, and ask again who leads, before the
+        # answer is read (and the next request to this node sent)
+        backoff = self._backoff.get(leader, RETRY_BACKOFF)
+        self._backoff[leader] = min(backoff * 2, MAX_RETRY_BACKOFF)
+        log.debug("fetch from node %s: %r; retrying", leader, response)
+        await asyncio.sleep(backoff)
+        await self._client.force_metadata_update()
+        return asked, response
+
+    def _read(
+        self,
+        asked: dict[TP, int],
+        response: Any,
+        positions: Mapping[TP, int],
+        results: dict[TP, Fetched | OffsetOutOfRange],
+    ) -> None:
+        now = time.monotonic()
+        if isinstance(response, BaseException):
+            for tp in asked:
+                self._failing_since.setdefault(tp, now)
+            return
+        if response.API_VERSION < MIN_FETCH_VERSION:
+            raise self.error(
+                "fetch",
+                list(asked),
+                f"the broker answered Fetch v{response.API_VERSION}",
+                f"Raw batches need Fetch v{MIN_FETCH_VERSION} (Kafka 2.3 or newer)",
+            )
+        if response.error_code:  # a top-level error (fetch sessions only; none is used)
+            for tp in asked:
+                self._failing_since.setdefault(tp, now)
+            self._client.force_metadata_update()
+            return
+        for topic, partitions in response.topics:
+            # Fetch v11: partition, error_code, highwater_offset, last_stable_offset,
+            # log_start_offset, aborted_transactions, preferred_read_replica, message_set
+            for number, code, high, stable, start, aborted, _replica, records in partitions:
+                tp = (topic, int(number))
+                position = asked.get(tp)
+                if position is None:
+                    continue
+                if code:
+                    error = error_class(code)
+                    if error is aiokafka_errors.OffsetOutOfRangeError:
+                        self._failing_since.pop(tp, None)
+                        if positions.get(tp) == position:
+                            results[tp] = self._out_of_range(tp, position)
+                        continue
+                    if not error.retriable:
+                        raise self.error(
+                            "fetch", [tp], error.__name__, "Not retriable; see the broker's log"
+                        )
+                    log.debug("fetch of %s-%s: %s; retrying", *tp, error.__name__)
+                    self._failing_since.setdefault(tp, now)
+                    self._client.force_metadata_update()
+                    continue
+                self._failing_since.pop(tp, None)
+                if positions.get(tp) != position:
+                    continue  # the copier moved on (or let it go) meanwhile
+                results[tp] = Fetched(
+                    position=position,
+                    records=bytes(records or b""),
+                    aborted=[AbortedTransaction(int(p), int(o)) for p, o in aborted or ()],
+                    high_watermark=int(high),
+                    last_stable_offset=int(stable),
+                    log_start_offset=int(start),
+                )
+
+    def _out_of_range(self, tp: TP, position: int) -> OffsetOutOfRange:
+        return OffsetOutOfRange(
+            str(
+                self.error(
+                    "fetch",
+                    [tp],
+                    f"offset {position} is out of range",
+                    "The records were deleted by retention or the partition was truncated; "
+                    "restart the copy from the log start",
+                )
+            )
+        )
+
+    def _check_deadlines(self, positions: Mapping[TP, int]) -> None:
+        """Raise for partitions asked for that have failed for `retry_timeout`."""
+        for tp in [tp for tp in self._failing_since if tp not in positions]:
+            del self._failing_since[tp]
+        now = time.monotonic()
+        late = [tp for tp, t in self._failing_since.items() if now - t > self.retry_timeout]
+        if not late:
+            return
+        _, unknown = self.leaders(late)
+        if unknown:
+            raise self.no_leader("fetch", unknown)
+        raise self.error(
+            "fetch",
+            late,
+            f"still failing after {self.retry_timeout:.0f} s of retries",
+            "Check the cluster's brokers and the partition's leader",
+        )
+
+
+def _retriable_answer(response: Any) -> bool:
+    """Whether a Fetch answer (or the error instead of one) asks for a retry somewhere."""
+    if isinstance(response, BaseException):
+        return True
+    if response.error_code:
+        return True
+    for _topic, partitions in response.topics:
+        for partition in partitions:
+            code = partition[1]
+            if code and error_class(code).retriable:
+                return True
+    return False
+
+
+@dataclass
+class _Pending:
+    """A partition's batches not yet acknowledged in one `produce` call."""
+
+    payloads: list[bytes]
+    sequences: list[int]  # the base sequence of each payload
+    end_sequence: int  # the sequence after the last payload
+    offsets: list[int]
+    deadline: float
+
+    @property
+    def done(self) -> bool:
+        return len(self.offsets) == len(self.payloads)
+
+
+class _Retriable(Exception):
+    """A retriable error code in a Produce answer."""
+
+
+class IdempotentProduceSession(_Session):
+    """Produce rewritten batches to many target partitions as one idempotent producer."""
+
+    role = "producer"
+
+    def __init__(
+        self,
+        props: Mapping[str, str],
+        *,
+        retry_timeout: float = 60.0,
+        request_timeout_ms: int = 30_000,
+        client_factory: Callable[[], Any] | None = None,
+    ) -> None:
+        super().__init__(
+            props,
+            retry_timeout=retry_timeout,
+            request_timeout_ms=request_timeout_ms,
+            client_factory=client_factory,
+        )
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self.sequences: dict[TP, int] = {}
+
+    async def open(self) -> None:
+        await super().open()
+        await self._init_producer_id()
+
+    async def _init_producer_id(self) -> None:
+        deadline = time.monotonic() + self.retry_timeout
+        backoff = RETRY_BACKOFF
+        while True:
+            node = self._client.get_random_node()
+            try:
+                response = await self._client.send(
+                    node, InitProducerIdRequest(transactional_id=None, transaction_timeout_ms=0)
+                )
+                error = error_class(response.error_code)
+                cause = error.__name__
+            except CONNECTION_ERRORS as exc:
+                error, cause = None, repr(exc)
+            if error is aiokafka_errors.NoError:
+                self.producer_id = int(response.producer_id)
+                self.producer_epoch = int(response.producer_epoch)
+                self.sequences.clear()
+                log.debug("producer id %d epoch %d", self.producer_id, self.producer_epoch)
+                return
+            if error is not None and not error.retriable:
+                raise RawPartitionError(
+                    f"InitProducerId on {self.bootstrap} failed: {cause}. The principal needs "
+                    "IDEMPOTENT_WRITE on the cluster (or WRITE on the topic, Kafka 2.8+)"
+                )
+            if time.monotonic() > deadline:
+                raise RawPartitionError(
+                    f"InitProducerId on {self.bootstrap} failed: {cause}, still after "
+                    f"{self.retry_timeout:.0f} s of retries. Check the cluster's brokers"
+                )
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, MAX_RETRY_BACKOFF)
+            self._client.force_metadata_update()
+
+    async def produce(
+        self, batches: Mapping[TP, Sequence[RecordBatch]]
+    ) -> dict[TP, list[int] | BatchRejected]:
+        """Produce each partition's PASS batches in order: the target base offset of each,
+        or `BatchRejected` for a partition whose batch the target refused (the batches
+        before it may be on the target)."""
+        pending: dict[TP, _Pending] = {}
+        now = time.monotonic()
+        for tp, items in batches.items():
+            if not items:
+                continue
+            sequence = self.sequences.get(tp, 0)
+            payloads, sequences = [], []
+            for batch in items:
+                payloads.append(
+                    bytes(
+                        rewrite_for_produce(
+                            batch, self.producer_id, self.producer_epoch, sequence, False
+                        )
+                    )
+                )
+                sequences.append(sequence)
+                sequence = next_sequence(sequence, batch.header.record_count)
+            pending[tp] = _Pending(payloads, sequences, sequence, [], now + self.retry_timeout)
+        results: dict[TP, list[int] | BatchRejected] = {tp: [] for tp in batches}
+        backoff = RETRY_BACKOFF
+        while pending:
+            retrying = await self._window(pending, results)
+            for tp in [tp for tp, p in pending.items() if p.done]:
+                done = pending.pop(tp)
+                self.sequences[tp] = done.end_sequence
+                results[tp] = done.offsets
+            if not retrying:
+                backoff = RETRY_BACKOFF
+                continue
+            now = time.monotonic()
+            late = [tp for tp in retrying if now > pending[tp].deadline]
+            if late:
+                _, unknown = self.leaders(late)
+                if unknown:
+                    raise self.no_leader("produce", unknown)
+                raise self.error(
+                    "produce",
+                    late,
+                    f"{retrying[late[0]]}, still after {self.retry_timeout:.0f} s of retries",
+                    "Check the cluster's brokers and the partition's leader",
+                )
+            log.debug("produce to %s: %s; retrying", describe(list(retrying)), retrying)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, MAX_RETRY_BACKOFF)
+            # a leader change or a lost broker: ask again who leads before the retry
+            await self._client.force_metadata_update()
+        return results
+
+    async def _window(
+        self, pending: dict[TP, _Pending], results: dict[TP, list[int] | BatchRejected]
+    ) -> dict[TP, str]:
+        """Send up to MAX_IN_FLIGHT batches of every pending partition and read the answers;
+        the partitions to retry, with the cause."""
+        by_leader, unknown = self.leaders(list(pending))
+        retrying = {tp: "no leader known" for tp in unknown}
+        # requests on one connection are written and answered in order
+        sends: list[tuple[list[tuple[TP, int]], asyncio.Future[Any]]] = []
+        for leader, tps in by_leader.items():
+            for slot in range(MAX_IN_FLIGHT):
+                entries = []
+                for tp in tps:
+                    index = len(pending[tp].offsets) + slot
+                    if index < len(pending[tp].payloads):
+                        entries.append((tp, index))
+                for request in _requests(entries, pending):
+                    sends.append(
+                        (request, asyncio.ensure_future(self._send(leader, request, pending)))
+                    )
+        answers = await asyncio.gather(*(f for _, f in sends), return_exceptions=True)
+        stopped: set[TP] = set(retrying)
+        for (entries, _), answer in zip(sends, answers, strict=True):
+            for tp, index in entries:
+                if tp in stopped:
+                    continue  # after its first failure in this window: resent next time
+                outcome = answer if isinstance(answer, BaseException) else answer.get(tp)
+                if isinstance(outcome, int):
+                    pending[tp].offsets.append(outcome)
+                    pending[tp].deadline = time.monotonic() + self.retry_timeout
+                    continue
+                stopped.add(tp)
+                if isinstance(outcome, BatchRejected):
+                    # the refused batch and those after it were not appended
+                    self.sequences[tp] = pending[tp].sequences[index]
+                    results[tp] = outcome
+                    del pending[tp]
+                elif isinstance(outcome, (_Retriable, *CONNECTION_ERRORS)):
+                    retrying[tp] = str(outcome) or repr(outcome)
+                elif isinstance(outcome, BaseException):
+                    raise outcome
+                else:
+                    raise self.error("produce", [tp], "no answer for it", "Report a bug")
+        return retrying
+
+    async def _send(
+        self, leader: int, entries: list[tuple[TP, int]], pending: dict[TP, _Pending]
+    ) -> dict[TP, int | BaseException]:
+        by_topic: dict[str, list[tuple[int, bytes]]] = {}
+        for (topic, partition), index in entries:
+            by_topic.setdefault(topic, []).append(
+                (partition, pending[(topic, partition)].payloads[index])
+            )
+        request = ProduceRequest(
+            transactional_id=None,
+            required_acks=ACKS_ALL,
+            timeout=self.request_timeout_ms,
+            topics=list(by_topic.items()),
+        )
+        response = await self._client.send(leader, request)
+        out: dict[TP, int | BaseException] = {}
+        for topic, partitions in response.topics:
+            for answer in partitions:
+                tp = (topic, int(answer[0]))
+                code, base_offset = int(answer[1]), int(answer[2])
+                error = error_class(code)
+                if error is aiokafka_errors.NoError:
+                    out[tp] = base_offset
+                elif error.retriable:
+                    out[tp] = _Retriable(error.__name__)
+                else:
+                    failed = self.error(
+                        "produce", [tp], error.__name__, PRODUCE_ADVICE.get(code, ADVICE)
+                    )
+                    out[tp] = BatchRejected(str(failed)) if code in REJECTIONS else failed
+        return out
+
+
+def _requests(
+    entries: list[tuple[TP, int]], pending: dict[TP, _Pending]
+) -> list[list[tuple[TP, int]]]:
+    """`entries` cut into requests of at most MAX_REQUEST_BYTES (at least one batch each)."""
+    out: list[list[tuple[TP, int]]] = []
+    size = 0
+    for tp, index in entries:
+        length = len(pending[tp].payloads[index])
+        if not out or size + length > MAX_REQUEST_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append((tp, index))
+        size += length
+    return out
+
+
+ADVICE = "Not retriable; see the broker's log"
+# CORRUPT_MESSAGE, MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE, TOPIC_AUTHORIZATION_FAILED,
+# INVALID_TIMESTAMP, INVALID_RECORD: the batch itself is refused (`BatchRejected`).
+REJECTIONS = frozenset({2, 10, 18, 29, 32, 87})
+PRODUCE_ADVICE = {
+    29: "Grant the principal WRITE on the topic",  # TOPIC_AUTHORIZATION_FAILED
+    10: "Raise the target topic's max.message.bytes to the source's",  # MESSAGE_TOO_LARGE
+    45: "The producer's sequence went wrong: restart the copy (a new producer id)",
+    59: "The broker forgot this producer (expired): restart the copy (a new producer id)",
+    87: "The broker refused the batch (see its log): copy this partition record by record",
+}
+
+
+class RawCopyClients:
+    """A copier's raw clients: a `FetchSession` on the source and an
+    `IdempotentProduceSession` on the target, both on one `RawLoop` thread. Synchronous,
+    for one caller thread. Construct (no network), then `open()`; `close()` ends all."""
+
+    def __init__(self, fetch: FetchSession, produce: IdempotentProduceSession, name: str) -> None:
+        self.fetch_session = fetch
+        self.produce_session = produce
+        self.name = name
+        self._loop: RawLoop | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._loop is not None
+
+    def open(self) -> None:
+        """Start the thread, connect to both clusters, get a producer id."""
+        if self._loop is not None:
+            return
+        self._loop = RawLoop(f"mm2py-raw-{self.name}")
+        try:
+            self._loop.run(self.fetch_session.open())
+            self._loop.run(self.produce_session.open())
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._loop is None:
+            return
+        try:
+            self._loop.run(self.fetch_session.close())
+            self._loop.run(self.produce_session.close())
+        finally:
+            self._loop.stop()
+            self._loop = None
+
+    def __enter__(self) -> RawCopyClients:
+        self.open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._loop is None:
+            coro.close()
+            raise RuntimeError(f"raw clients of {self.name} are not open")
+        return self._loop.run(coro)
+
+    def fetch(self, positions: Mapping[TP, int]) -> dict[TP, Fetched | OffsetOutOfRange]:
+        """`FetchSession.fetch`."""
+        return self._run(self.fetch_session.fetch(positions))
+
+    def prefetch(self, positions: Mapping[TP, int]) -> None:
+        """`FetchSession.prefetch`: the next fetch goes out while the caller produces."""
+        self._run(self.fetch_session.prefetch(positions))
+
+    def produce(
+        self, batches: Mapping[TP, Sequence[RecordBatch]]
+    ) -> dict[TP, list[int] | BatchRejected]:
+        """`IdempotentProduceSession.produce`."""
+        return self._run(self.produce_session.produce(batches))

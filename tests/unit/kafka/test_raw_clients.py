@@ -1,0 +1,253 @@
+"""The shared raw clients with a stand-in for AIOKafkaClient: one Fetch per leader for all
+its partitions, several partitions' batches in one Produce, sequences per partition, and
+errors that stay with their partition."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiokafka.protocol.fetch import FetchRequest
+from aiokafka.protocol.produce import ProduceRequest
+from aiokafka.protocol.transaction import InitProducerIdRequest
+
+from mm2py.kafka.raw_clients import (
+    BatchRejected,
+    Fetched,
+    FetchSession,
+    IdempotentProduceSession,
+    OffsetOutOfRange,
+    RawCopyClients,
+    RawPartitionError,
+)
+from mm2py.kafka.record_batches import split_batches
+from tests.unit.kafka.test_raw_partition import batches
+
+NOT_LEADER = 6
+OFFSET_OUT_OF_RANGE = 1
+MESSAGE_TOO_LARGE = 10
+OUT_OF_ORDER = 45
+TP = tuple[str, int]
+
+
+class Cluster:
+    def __init__(self, leaders: dict[TP, int]) -> None:
+        self.leaders = leaders
+        self.unauthorized_topics: set[str] = set()
+
+    def leader_for_partition(self, tp: Any) -> int | None:
+        return self.leaders.get((tp.topic, tp.partition))
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        found = {p for t, p in self.leaders if t == topic}
+        return found or None
+
+
+class Client:
+    """Leaders per partition; scripted error codes per (partition, its nth request)."""
+
+    def __init__(self, leaders: dict[TP, int], errors: dict[tuple[TP, int], int] | None = None):
+        self.cluster = Cluster(leaders)
+        self.errors = errors or {}
+        self.seen: dict[TP, int] = {}
+        self.requests: list[tuple[int, Any]] = []
+        self.logs: dict[TP, dict[int, int]] = {}  # base sequence -> offset (dedup)
+        self.ends: dict[TP, int] = {}
+
+    async def bootstrap(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    def add_topic(self, _topic: str) -> None:
+        pass
+
+    def get_random_node(self) -> int:
+        return 1
+
+    def force_metadata_update(self) -> asyncio.Future[bool]:
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        done.set_result(True)
+        return done
+
+    def _code(self, tp: TP) -> int:
+        n = self.seen.get(tp, 0)
+        self.seen[tp] = n + 1
+        return self.errors.get((tp, n), 0)
+
+    async def send(self, node: int, request: Any) -> Any:
+        self.requests.append((node, request))
+        if isinstance(request, InitProducerIdRequest):
+            return SimpleNamespace(error_code=0, producer_id=5, producer_epoch=0)
+        if isinstance(request, FetchRequest):
+            topics = []
+            for topic, partitions in request.topics:
+                answers = []
+                for partition, position, _max in partitions:
+                    code = self._code((topic, partition))
+                    records = b"" if code else f"{topic}-{partition}@{position}".encode()
+                    answers.append((partition, code, 100, 100, 0, [], -1, records))
+                topics.append((topic, answers))
+            return SimpleNamespace(API_VERSION=11, error_code=0, topics=topics)
+        assert isinstance(request, ProduceRequest)
+        topics = []
+        for topic, partitions in request._topics:
+            answers = []
+            for partition, payload in partitions:
+                tp = (topic, partition)
+                code = self._code(tp)
+                header = split_batches(payload).batches[0].header
+                offset = -1
+                log = self.logs.setdefault(tp, {})
+                expected = self.ends.get(tp, 0)  # sequences count records here, as offsets
+                if (
+                    not code
+                    and header.base_sequence not in log
+                    and header.base_sequence != expected
+                ):
+                    code = OUT_OF_ORDER
+                if not code:
+                    if header.base_sequence not in log:
+                        log[header.base_sequence] = self.ends.get(tp, 0)
+                        self.ends[tp] = self.ends.get(tp, 0) + header.record_count
+                    offset = log[header.base_sequence]
+                answers.append((partition, code, offset, -1, 0))
+            topics.append((topic, answers))
+        return SimpleNamespace(topics=topics)
+
+
+def clients(client: Client, retry_timeout: float = 5.0) -> RawCopyClients:
+    props = {"bootstrap.servers": "fake:9092"}
+    return RawCopyClients(
+        FetchSession(props, retry_timeout=retry_timeout, client_factory=lambda: client),
+        IdempotentProduceSession(props, retry_timeout=retry_timeout, client_factory=lambda: client),
+        "A->B",
+    )
+
+
+def fetch_requests(client: Client) -> list[tuple[int, list[tuple[str, list[tuple[int, int]]]]]]:
+    """(node, [(topic, [(partition, position)])]) of each Fetch."""
+    return [
+        (node, [(t, [(p, pos) for p, pos, _ in ps]) for t, ps in request.topics])
+        for node, request in client.requests
+        if isinstance(request, FetchRequest)
+    ]
+
+
+def produce_requests(client: Client) -> list[list[tuple[str, int, int]]]:
+    """[(topic, partition, base sequence)] of each Produce."""
+    return [
+        [
+            (t, p, split_batches(payload).batches[0].header.base_sequence)
+            for t, ps in request._topics
+            for p, payload in ps
+        ]
+        for _node, request in client.requests
+        if isinstance(request, ProduceRequest)
+    ]
+
+
+def test_one_fetch_per_leader_covers_all_its_partitions() -> None:
+    client = Client({("t", 0): 1, ("t", 1): 2, ("u", 0): 1})
+    with clients(client) as raw:
+        got = raw.fetch({("t", 0): 3, ("t", 1): 7, ("u", 0): 0})
+        # the one to node 2 may still be out: the rest comes in the next call
+        while len(got) < 3:
+            got.update(raw.fetch({("t", 0): 3, ("t", 1): 7, ("u", 0): 0}))
+    assert sorted(fetch_requests(client)) == [
+        (1, [("t", [(0, 3)]), ("u", [(0, 0)])]),
+        (2, [("t", [(1, 7)])]),
+    ]
+    first = got[("t", 0)]
+    assert isinstance(first, Fetched)
+    assert (first.position, first.records, first.high_watermark) == (3, b"t-0@3", 100)
+
+
+def test_an_answer_for_a_position_the_copier_left_is_not_used() -> None:
+    client = Client({("t", 0): 1, ("t", 1): 1})
+    with clients(client) as raw:
+        raw.prefetch({("t", 0): 3, ("t", 1): 7})
+        got = raw.fetch({("t", 0): 10, ("t", 1): 7})  # t-0 was moved meanwhile
+        assert list(got) == [("t", 1)]
+        assert raw.fetch({("t", 0): 10, ("t", 1): 8})[("t", 0)].position == 10  # type: ignore[union-attr]
+
+
+def test_fetch_errors_stay_with_their_partition() -> None:
+    client = Client(
+        {("t", 0): 1, ("t", 1): 1, ("t", 2): 1},
+        {(("t", 1), 0): NOT_LEADER, (("t", 2), 0): OFFSET_OUT_OF_RANGE},
+    )
+    positions = {("t", 0): 0, ("t", 1): 0, ("t", 2): 9}
+    with clients(client) as raw:
+        got = raw.fetch(positions)
+        assert sorted(got) == [("t", 0), ("t", 2)]  # t-1 is retried
+        assert isinstance(got[("t", 2)], OffsetOutOfRange)
+        assert "t-2 on fake:9092" in str(got[("t", 2)]) and "log start" in str(got[("t", 2)])
+        assert ("t", 1) in raw.fetch(positions)
+
+
+def test_a_partition_that_keeps_failing_is_named() -> None:
+    client = Client({("t", 0): 1, ("t", 1): 1}, {(("t", 1), n): NOT_LEADER for n in range(99)})
+    with (
+        clients(client, retry_timeout=0.3) as raw,
+        pytest.raises(RawPartitionError, match=r"fetch for t-1 on fake:9092 failed: still"),
+    ):
+        for _ in range(99):
+            raw.fetch({("t", 0): 0, ("t", 1): 0})
+
+
+def test_partitions_share_produce_requests_with_their_own_sequences() -> None:
+    client = Client({("A.t", 0): 1, ("A.t", 1): 1, ("A.u", 0): 2})
+    sent = batches(7)  # 3 records each
+    with clients(client) as raw:
+        got = raw.produce({("A.t", 0): sent[:2], ("A.t", 1): sent[:7], ("A.u", 0): sent[:1]})
+        assert got == {
+            ("A.t", 0): [0, 3],
+            ("A.t", 1): [0, 3, 6, 9, 12, 15, 18],
+            ("A.u", 0): [0],
+        }
+        assert raw.produce({("A.t", 0): sent[:1]}) == {("A.t", 0): [6]}
+    assert produce_requests(client) == [
+        # node 1, the first window: at most 5 batches of a partition out
+        [("A.t", 0, 0), ("A.t", 1, 0)],
+        [("A.t", 0, 3), ("A.t", 1, 3)],
+        [("A.t", 1, 6)],
+        [("A.t", 1, 9)],
+        [("A.t", 1, 12)],
+        [("A.u", 0, 0)],  # node 2
+        [("A.t", 1, 15)],  # the next window
+        [("A.t", 1, 18)],
+        [("A.t", 0, 6)],  # the next call goes on with the partition's sequence
+    ]
+
+
+def test_a_leader_change_resends_a_partition_from_its_failed_batch() -> None:
+    client = Client({("A.t", 0): 1, ("A.t", 1): 1}, {(("A.t", 1), 1): NOT_LEADER})
+    sent = batches(3)
+    with clients(client) as raw:
+        got = raw.produce({("A.t", 0): sent, ("A.t", 1): sent})
+    assert got == {("A.t", 0): [0, 3, 6], ("A.t", 1): [0, 3, 6]}
+    assert produce_requests(client) == [
+        [("A.t", 0, 0), ("A.t", 1, 0)],
+        [("A.t", 0, 3), ("A.t", 1, 3)],  # A.t-1 fails here ...
+        [("A.t", 0, 6), ("A.t", 1, 6)],  # ... so this one of it is sent again too
+        [("A.t", 1, 3)],
+        [("A.t", 1, 6)],
+    ]
+
+
+def test_a_rejected_batch_is_its_partitions_result_alone() -> None:
+    client = Client({("A.t", 0): 1, ("A.t", 1): 1}, {(("A.t", 1), 1): MESSAGE_TOO_LARGE})
+    sent = batches(3)
+    with clients(client) as raw:
+        got = raw.produce({("A.t", 0): sent, ("A.t", 1): sent})
+        assert got[("A.t", 0)] == [0, 3, 6]
+        rejected = got[("A.t", 1)]
+        assert isinstance(rejected, BatchRejected)
+        assert "produce for A.t-1 on fake:9092 failed: MessageSizeTooLarge" in str(rejected)
+        assert "max.message.bytes" in str(rejected)
+        # the refused batch was not appended: the partition's sequence goes on from it
+        assert raw.produce_session.sequences[("A.t", 1)] == 3
