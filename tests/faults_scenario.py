@@ -6,18 +6,20 @@ A flow A->B (tasks.max 4) copies a topic of 8 partitions while an idempotent pro
 writes numbered records into every partition: each value is `<partition>:<sequence>`,
 the sequence counting 0, 1, 2, ... in its partition, stamped with the current time.
 Three mm2py nodes run the same config. Meanwhile, one after the other in an order
-and at moments drawn from a seeded random generator (`plan`):
+and at moments drawn from a seeded random generator (`plan`), with the numbers of a
+`Shape` (ISSUE_12's for the benchmark, SUITE's for the test):
 
-- ten kill -9 of a node (with its task processes, which die with it), each restarted
-  after up to 2 s;
+- kill -9 of a node (with its task processes, which die with it), each restarted
+  after up to 2 s: ten (the suite: four);
 - one kill -9 of B's broker, restarted on its data;
-- one SIGSTOP of A's broker for 20 s, then SIGCONT;
+- one SIGSTOP of A's broker for 20 s (the suite: 12 s), then SIGCONT;
 - one zombie: a node running tasks is stopped with SIGSTOP (it and its task processes,
   as a paused machine) until its group session (10 s: classic, which `auto` takes on
   default brokers) has expired
   and the other nodes run its tasks, then SIGCONT: it wakes up believing it owns them.
 
-Faults come 2-8 s apart; producing goes on for TAIL_S after the last one.
+Faults come 2-8 s apart (the suite: 2-4 s); producing goes on for the shape's tail
+after the last one.
 
 Then the producer stops, the scenario waits until a read_committed reader of the
 remote topic has every record the source holds (or gives up after CATCH_UP_S), and
@@ -77,6 +79,25 @@ FALLBACK = "copies at-least-once, not exactly-once"
 MAX_CRASHES = 5
 # Producing goes on this long after the last fault.
 TAIL_S = 5.0
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How many faults, how far apart, how long A's broker stays stopped and how long
+    producing goes on after the last fault."""
+
+    node_kills: int = NODE_KILLS
+    gap_s: tuple[float, float] = (2.0, 8.0)
+    source_stop_s: float = SOURCE_STOP_S
+    tail_s: float = TAIL_S
+
+
+# Issue 12's scenario, as `python -m bench.faults` runs it (~2 min a mode).
+ISSUE_12 = Shape()
+# The suite's (tests/integration/test_faults.py): every kind of fault, fewer node kills,
+# closer together, A's broker stopped for longer than a group session (10 s) rather than
+# 20 s; about half the time. The benchmark keeps issue 12's numbers.
+SUITE = Shape(node_kills=4, gap_s=(2.0, 4.0), source_stop_s=12.0, tail_s=3.0)
 # After the producer stops: tasks that moved in the last faults start again from their
 # progress, open transactions are aborted by their next owner.
 CATCH_UP_S = 120.0
@@ -97,22 +118,23 @@ class Fault:
     kind: Literal["kill-node", "kill-target-broker", "stop-source-broker", "zombie-node"]
     gap_s: float
     node: int = 0  # which node slot (kill-node), if it runs
-    down_s: float = 0.0  # how long the node or broker stays down before its restart
+    # How long the node or broker stays down before its restart (A's broker: stopped).
+    down_s: float = 0.0
 
     def describe(self) -> str:
         what = {
             "kill-node": f"kill -9 of node {self.node}, restarted after {self.down_s:.1f} s",
             "kill-target-broker": f"kill -9 of B's broker, restarted after {self.down_s:.1f} s",
-            "stop-source-broker": f"SIGSTOP of A's broker for {SOURCE_STOP_S:.0f} s",
+            "stop-source-broker": f"SIGSTOP of A's broker for {self.down_s:.0f} s",
             "zombie-node": "SIGSTOP of a node running tasks past its session, then SIGCONT",
         }[self.kind]
         return f"+{self.gap_s:.1f} s: {what}"
 
 
-def plan(seed: int, node_kills: int = NODE_KILLS, nodes: int = NODES) -> list[Fault]:
+def plan(seed: int, shape: Shape = ISSUE_12, nodes: int = NODES) -> list[Fault]:
     """The faults in order, at moments drawn from `seed` (pure)."""
     rng = random.Random(seed)
-    kinds: list[Any] = ["kill-node"] * node_kills + [
+    kinds: list[Any] = ["kill-node"] * shape.node_kills + [
         "kill-target-broker",
         "stop-source-broker",
         "zombie-node",
@@ -120,9 +142,12 @@ def plan(seed: int, node_kills: int = NODE_KILLS, nodes: int = NODES) -> list[Fa
     rng.shuffle(kinds)
     faults = []
     for kind in kinds:
-        gap = round(rng.uniform(2.0, 8.0), 1)
+        gap = round(rng.uniform(*shape.gap_s), 1)
         node = rng.randrange(nodes)
-        down = round(rng.uniform(0.0, 2.0), 1) if kind != "stop-source-broker" else 0.0
+        # (No draw for A's stop: a seed gives issue 12's plan as it always did.)
+        down = (
+            shape.source_stop_s if kind == "stop-source-broker" else round(rng.uniform(0.0, 2.0), 1)
+        )
         faults.append(Fault(kind, gap, node if kind == "kill-node" else 0, down))
     return faults
 
@@ -370,6 +395,7 @@ class Outcome:
     mode: Mode
     seed: int
     faults: list[Fault]
+    shape: Shape = ISSUE_12
     copy_mode: str | None = None  # replication.copy.mode, when the scenario sets it
     seconds: float = 0.0
     per_partition: dict[int, Counts] = field(default_factory=dict)
@@ -480,19 +506,19 @@ def run_scenario(
     mode: Mode,
     seed: int = SEED,
     log: Callable[[str], None] = lambda _line: None,
+    shape: Shape = ISSUE_12,
     copy_mode: str | None = None,
-    node_kills: int = NODE_KILLS,
 ) -> Outcome:
-    """Run the scenario on `kafka`'s clusters A and B (running); return what it found.
+    """Run the scenario on `kafka`'s clusters A and B (running), with the faults `shape`
+    gives; return what it found.
 
-    `copy_mode` sets ``replication.copy.mode`` (None: the default); `node_kills` is how
-    many kill -9 of a node the plan has (the broker faults and the zombie stay).
+    `copy_mode` sets ``replication.copy.mode`` (None: the default).
     Raises ScenarioError if it could not run as planned; the outcome's report is then
     part of the message.
     """
     a, b = kafka.cluster("A"), kafka.cluster("B")
-    faults = plan(seed, node_kills)
-    outcome = Outcome(mode, seed, faults, copy_mode)
+    faults = plan(seed, shape)
+    outcome = Outcome(mode, seed, faults, shape, copy_mode)
     clock = _Clock(outcome)
 
     def note(what: str) -> None:
@@ -568,11 +594,11 @@ def _run(
                     raise ScenarioError(f"A's broker is not running under {kafka.state_dir}")
                 with _continued([broker]):
                     note(f"SIGSTOP of A's broker (pid {broker})")
-                    time.sleep(SOURCE_STOP_S)
+                    time.sleep(fault.down_s)
                 note("SIGCONT of A's broker")
             else:
                 _zombie(nodes, rng, note)
-        time.sleep(TAIL_S)  # the stream goes on after the last fault, as it would
+        time.sleep(outcome.shape.tail_s)  # the stream goes on after the last fault
         nodes.check()
         try:
             producer.stop()
@@ -614,8 +640,12 @@ def _zombie(nodes: Nodes, rng: random.Random, note: Callable[[str], None]) -> No
     with _continued(tree):
         stopped = time.monotonic()
         note(f"SIGSTOP of node pid {pid} and its processes {tree[1:]} (running tasks {tasks})")
-        time.sleep(SESSION_S + 2)
-        moved = _wait(lambda: set(tasks) <= set(nodes.running_tasks(skip=zombie)), 45, nodes.check)
+        # The others run its tasks only once its session has expired.
+        moved = _wait(
+            lambda: set(tasks) <= set(nodes.running_tasks(skip=zombie)),
+            SESSION_S + 45,
+            nodes.check,
+        )
         note(
             f"tasks {tasks} RUNNING on other nodes: {moved}, "
             f"{time.monotonic() - stopped:.1f} s after the SIGSTOP"

@@ -17,7 +17,7 @@ import pytest
 from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka.groups import CommittedOffset, read_committed
 from tests.conftest import Clusters
-from tests.kafka_helpers import commit_offsets, create_topic
+from tests.kafka_helpers import commit_offsets, create_topic, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +64,8 @@ def test_a_group_that_cannot_be_read_is_left_out_and_named(
 
 
 # A process reading the offsets of a few groups in a loop until told to stop (a file),
-# then printing how many reads after the last pause found the committed offset.
+# then printing how many reads after the last pause found the committed offset; the
+# first such read also leaves a file (<flag>.found), for the test to wait on.
 _READER = """
 import json, sys, time
 from pathlib import Path
@@ -77,6 +78,7 @@ while not flag.exists():
     resumed = Path(str(flag) + ".resumed").exists()
     if resumed and all(read.get(g) == {(topic, 0): CommittedOffset(7)} for g in groups):
         right += 1
+        Path(str(flag) + ".found").touch()
 print(right)
 """
 
@@ -109,7 +111,12 @@ def test_reading_offsets_survives_pauses_of_the_coordinator(
                 os.kill(broker, signal.SIGCONT)
             assert reader.poll() is None, f"the reader died (exit {reader.returncode})"
         Path(str(flag) + ".resumed").touch()
-        time.sleep(5)
+        found = Path(str(flag) + ".found")
+        wait_until(
+            lambda: found.exists() or reader.poll() is not None,
+            timeout=5,  # as long as the reader was given before it was told to stop
+            what="a read that finds the committed offsets after the pauses",
+        )
     finally:
         flag.touch()
         out, _ = reader.communicate(timeout=60)

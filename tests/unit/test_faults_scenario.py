@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tests.faults_scenario import Counts, count, plan, sequence_of
+from tests.faults_scenario import SUITE, Counts, count, plan, sequence_of
 
 
 def test_a_copy_of_every_record_once_in_order_is_exact() -> None:
@@ -56,5 +56,19 @@ def test_the_plan_has_every_fault_once_and_ten_node_kills_the_same_for_a_seed() 
         "stop-source-broker": 1,
         "zombie-node": 1,
     }
-    assert all(2.0 <= f.gap_s <= 8.0 and 0.0 <= f.down_s <= 2.0 for f in faults)
+    assert all(2.0 <= f.gap_s <= 8.0 for f in faults)
+    assert all(0.0 <= f.down_s <= 2.0 for f in faults if f.kind != "stop-source-broker")
+    assert [f.down_s for f in faults if f.kind == "stop-source-broker"] == [20.0]
     assert {f.node for f in faults if f.kind == "kill-node"} <= {0, 1, 2}
+
+
+def test_the_suites_plan_has_every_fault_once_four_node_kills_closer_together() -> None:
+    faults = plan(7, SUITE)
+    assert Counter(f.kind for f in faults) == {
+        "kill-node": 4,
+        "kill-target-broker": 1,
+        "stop-source-broker": 1,
+        "zombie-node": 1,
+    }
+    assert all(2.0 <= f.gap_s <= 4.0 for f in faults)
+    assert [f.down_s for f in faults if f.kind == "stop-source-broker"] == [12.0]
