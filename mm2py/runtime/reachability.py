@@ -6,7 +6,10 @@ comes from two places: any client's error_cb reporting `_TRANSPORT` or
 every cluster for a metadata answer every PROBE_INTERVAL (`clients.cluster_answers`:
 `succeeded` when it comes, `failed` at the time it was asked when it does not). A
 cluster whose first failure since its last answer is at least its grace old is
-unreachable; the first answer makes it reachable again. Each change is logged once:
+unreachable; the first answer makes it reachable again. A refused login or TLS handshake
+(error_cb) is an answer: the probe's unanswered requests after it do not count until the
+cluster answers again (the parts fail naming the access problem); transport errors still
+do. Each change is logged once:
 WARNING when a cluster becomes unreachable (after the grace), INFO when it answers
 again.
 
@@ -66,6 +69,10 @@ class _Cluster:
     failing_since: float | None = None  # monotonic, first failure since the last answer
     failing_since_wall: float | None = None
     reported: bool = False  # the "unreachable" line was logged
+    # The cluster refused our login or certificate since its last answer: it answers, so
+    # the probe's requests that then get no answer do not make it unreachable (the parts
+    # fail and name the access problem); a transport error still does.
+    refused: bool = False
 
 
 class Reachability:
@@ -108,11 +115,32 @@ class Reachability:
             state.failing_since = at
             state.failing_since_wall = self._wall() - (now - at)
 
+    def unanswered(self, alias: str, asked: float) -> None:
+        """The probe's request to `alias`, sent at monotonic time `asked`, got no answer:
+        a failure, unless the cluster refused our login since its last answer."""
+        with self._lock:
+            state = self._clusters.get(alias)
+            if state is None or state.refused:
+                return
+        self.failed(alias, at=asked)
+
+    def refused(self, alias: str) -> None:
+        """`alias` refused a login or a TLS handshake: it answers, so it is reachable until
+        it answers a request (which ends the refusal) and then fails to."""
+        self.succeeded(alias)
+        with self._lock:
+            state = self._clusters.get(alias)
+            if state is not None:
+                state.refused = True
+
     def succeeded(self, alias: str) -> None:
         """`alias` answered: reachable again."""
         with self._lock:
             state = self._clusters.get(alias)
-            if state is None or state.failing_since is None:
+            if state is None:
+                return
+            state.refused = False
+            if state.failing_since is None:
                 return
             reported, since_wall = state.reported, state.failing_since_wall
             state.failing_since = state.failing_since_wall = None
@@ -174,10 +202,13 @@ class Reachability:
         return out
 
     def error_cb(self, alias: str) -> Callable[[KafkaError], None]:
-        """An error_cb (or part of one) that notes transport failures for `alias`."""
+        """An error_cb (or part of one) that notes transport failures for `alias`, and
+        a refused login or certificate as an answer."""
 
         def note(err: KafkaError) -> None:
-            if err.code() in UNREACHABLE_ERRORS:
+            if clients.is_access_error(err):
+                self.refused(alias)
+            elif err.code() in UNREACHABLE_ERRORS:
                 self.failed(alias)
 
         return note
@@ -268,7 +299,7 @@ class ClusterProbe:
             if future.exception() is None:
                 reach.succeeded(alias)
             else:
-                reach.failed(alias, at=asked)
+                reach.unanswered(alias, asked)
 
         future = asking.submit(clients.cluster_answers, admin, self._timeout[alias])
         future.add_done_callback(answered)

@@ -133,6 +133,29 @@ def test_error_cb_counts_transport_errors_only(clock: FakeClock) -> None:
     assert [o.alias for o in reach.outages(["B", "A", "B", "C"])] == ["B", "A"]
 
 
+def test_a_refused_login_is_an_answer_until_the_cluster_answers_again(clock: FakeClock) -> None:
+    reach = tracker(clock, grace=1)
+    note = reach.error_cb("B")
+    reach.unanswered("B", asked=clock.mono)
+    note(KafkaError(KafkaError.SASL_AUTHENTICATION_FAILED))  # it answered: "no"
+    for _ in range(5):  # the probe's requests then get no answer: still reachable
+        asked = clock.mono
+        clock.advance(2)
+        reach.unanswered("B", asked)
+    assert reach.outage("B") is None
+    reach.succeeded("B")  # a real answer ends the refusal
+    asked = clock.mono
+    clock.advance(2)
+    reach.unanswered("B", asked)
+    assert reach.outage("B") is not None
+    # A transport error counts even while refused.
+    reach.succeeded("A")
+    reach.error_cb("A")(KafkaError(KafkaError._SSL))
+    reach.error_cb("A")(KafkaError(KafkaError._TRANSPORT))
+    clock.advance(1)
+    assert reach.outage("A") is not None
+
+
 def test_the_gauge_says_which_cluster_answers(clock: FakeClock) -> None:
     reach = tracker(clock, grace=1)
     reach.failed("B")
