@@ -706,15 +706,15 @@ PRODUCE_ADVICE = {
 }
 
 
-class RawCopyClients:
-    """A copier's raw clients: a `FetchSession` on the source and an
-    `IdempotentProduceSession` on the target, both on one `RawLoop` thread. Synchronous,
-    for one caller thread. Construct (no network), then `open()`; `close()` ends all."""
+class SessionsOnLoop:
+    """Sessions on one `RawLoop` thread of their own, behind synchronous calls for one
+    caller thread: construct (no network), `open()` starts the thread and opens the
+    sessions in order, `close()` closes them and stops it."""
 
-    def __init__(self, fetch: FetchSession, produce: IdempotentProduceSession, name: str) -> None:
-        self.fetch_session = fetch
-        self.produce_session = produce
-        self.name = name
+    def __init__(self, thread_name: str, what: str, sessions: Sequence[_Session]) -> None:
+        self._thread_name = thread_name
+        self._what = what  # for "... is not open"
+        self._sessions = list(sessions)
         self._loop: RawLoop | None = None
 
     @property
@@ -722,13 +722,12 @@ class RawCopyClients:
         return self._loop is not None
 
     def open(self) -> None:
-        """Start the thread, connect to both clusters, get a producer id."""
         if self._loop is not None:
             return
-        self._loop = RawLoop(f"mm2py-raw-{self.name}")
+        self._loop = RawLoop(self._thread_name)
         try:
-            self._loop.run(self.fetch_session.open())
-            self._loop.run(self.produce_session.open())
+            for session in self._sessions:
+                self._loop.run(session.open())
         except BaseException:
             self.close()
             raise
@@ -737,15 +736,11 @@ class RawCopyClients:
         if self._loop is None:
             return
         try:
-            self._loop.run(self.fetch_session.close())
-            self._loop.run(self.produce_session.close())
+            for session in self._sessions:
+                self._loop.run(session.close())
         finally:
             self._loop.stop()
             self._loop = None
-
-    def __enter__(self) -> RawCopyClients:
-        self.open()
-        return self
 
     def __exit__(
         self,
@@ -758,8 +753,24 @@ class RawCopyClients:
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._loop is None:
             coro.close()
-            raise RuntimeError(f"raw clients of {self.name} are not open")
+            raise RuntimeError(f"{self._what} is not open")
         return self._loop.run(coro)
+
+
+class RawCopyClients(SessionsOnLoop):
+    """A copier's raw clients: a `FetchSession` on the source and an
+    `IdempotentProduceSession` on the target, both on one `RawLoop` thread (`open()`
+    connects to both clusters and gets a producer id)."""
+
+    def __init__(self, fetch: FetchSession, produce: IdempotentProduceSession, name: str) -> None:
+        super().__init__(f"mm2py-raw-{name}", f"raw clients of {name}", [fetch, produce])
+        self.fetch_session = fetch
+        self.produce_session = produce
+        self.name = name
+
+    def __enter__(self) -> RawCopyClients:
+        self.open()
+        return self
 
     def fetch(self, positions: Mapping[TP, int]) -> dict[TP, Fetched | OffsetOutOfRange]:
         """`FetchSession.fetch`."""

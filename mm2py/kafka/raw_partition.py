@@ -8,15 +8,15 @@ partitions.
   partition that is retrying until it answers or `retry_timeout` passes.
 - `IdempotentRawProducer`: an idempotent producer of one target partition; `produce` returns
   each batch's target base offset, or raises `BatchRejected`.
-- Each object runs its session on a `RawLoop` thread of its own; its methods are synchronous
-  and meant for one caller thread. Construct (no network), then `open()`; `close()` stops it.
+- Each object runs its session on a `RawLoop` thread of its own (`SessionsOnLoop`); its
+  methods are synchronous and meant for one caller thread. Construct (no network), then
+  `open()`; `close()` stops it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from types import TracebackType
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from mm2py.kafka.raw_clients import (
     BatchRejected,
@@ -24,8 +24,8 @@ from mm2py.kafka.raw_clients import (
     FetchSession,
     IdempotentProduceSession,
     OffsetOutOfRange,
-    RawLoop,
     RawPartitionError,
+    SessionsOnLoop,
     client_settings,
 )
 from mm2py.kafka.record_batches import RecordBatch
@@ -40,57 +40,26 @@ __all__ = [
     "client_settings",
 ]
 
-T = TypeVar("T")
 
-
-class _OnePartition:
+class _OnePartition(SessionsOnLoop):
     role = "raw"
 
-    def __init__(self, props: Mapping[str, str], topic: str, partition: int) -> None:
+    def __init__(
+        self,
+        props: Mapping[str, str],
+        topic: str,
+        partition: int,
+        session: FetchSession | IdempotentProduceSession,
+    ) -> None:
         self.bootstrap = props["bootstrap.servers"]
         self.topic = topic
         self.partition = partition
-        self._loop: RawLoop | None = None
+        super().__init__(
+            f"mm2py-{self.role}-{topic}-{partition}", f"{self.role} for {self.where()}", [session]
+        )
 
     def where(self) -> str:
         return f"{self.topic}-{self.partition} on {self.bootstrap}"
-
-    def _session(self) -> FetchSession | IdempotentProduceSession:
-        raise NotImplementedError
-
-    def open(self) -> None:
-        """Start the loop and connect (bootstrap metadata)."""
-        if self._loop is not None:
-            return
-        self._loop = RawLoop(f"mm2py-{self.role}-{self.topic}-{self.partition}")
-        try:
-            self._loop.run(self._session().open())
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        if self._loop is None:
-            return
-        try:
-            self._loop.run(self._session().close())
-        finally:
-            self._loop.stop()
-            self._loop = None
-
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self._loop is None:
-            coro.close()
-            raise RuntimeError(f"{self.role} for {self.where()} is not open")
-        return self._loop.run(coro)
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class RawFetcher(_OnePartition):
@@ -109,7 +78,6 @@ class RawFetcher(_OnePartition):
         retry_timeout: float = 60.0,
         client_factory: Callable[[], Any] | None = None,
     ) -> None:
-        super().__init__(props, topic, partition)
         self.session = FetchSession(
             props,
             max_wait_ms=max_wait_ms,
@@ -118,9 +86,7 @@ class RawFetcher(_OnePartition):
             retry_timeout=retry_timeout,
             client_factory=client_factory,
         )
-
-    def _session(self) -> FetchSession:
-        return self.session
+        super().__init__(props, topic, partition, self.session)
 
     def __enter__(self) -> RawFetcher:
         self.open()
@@ -155,16 +121,13 @@ class IdempotentRawProducer(_OnePartition):
         request_timeout_ms: int = 30_000,
         client_factory: Callable[[], Any] | None = None,
     ) -> None:
-        super().__init__(props, topic, partition)
         self.session = IdempotentProduceSession(
             props,
             retry_timeout=retry_timeout,
             request_timeout_ms=request_timeout_ms,
             client_factory=client_factory,
         )
-
-    def _session(self) -> IdempotentProduceSession:
-        return self.session
+        super().__init__(props, topic, partition, self.session)
 
     def __enter__(self) -> IdempotentRawProducer:
         self.open()
