@@ -26,6 +26,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -67,6 +68,7 @@ class TaskReport:
     error: str | None = None  # why the task ended, if it failed
     trace: str | None = None
     schemas: SchemaStats | None = None  # the task's schema registry counts (all, not changes)
+    batches: dict[str, int] | None = None  # the task's batches by reason (all, not changes)
 
 
 class TaskPart(FlowPart):
@@ -181,6 +183,8 @@ class TaskPart(FlowPart):
         self.node_stats.update(self.slot.id, report.stats)
         if report.schemas is not None:
             self.node_stats.update_schemas(self.slot.id, report.schemas)
+        if report.batches is not None:
+            self.node_stats.update_batches(self.slot.id, report.batches)
         if report.errors:
             self.errors.inc(report.errors)
         for alias in report.unreachable:
@@ -300,6 +304,8 @@ class NodeStats(ReplicationStats):
         self._current: dict[int, dict[tuple[str, int], PartitionStats]] = {}
         self._schemas_earlier = SchemaStats()
         self._schemas_current: dict[int, SchemaStats] = {}
+        self._batches_earlier: Counter[str] = Counter()
+        self._batches_current: dict[int, dict[str, int]] = {}
 
     def update(self, task: int, changed: dict[tuple[str, int], PartitionStats]) -> None:
         """A task's report: the partitions whose statistics changed since its last one."""
@@ -313,6 +319,12 @@ class NodeStats(ReplicationStats):
         """A task's report of its schema registry counts (its process's totals)."""
         with self._lock:
             self._schemas_current[task] = counts
+            self._rebuild()
+
+    def update_batches(self, task: int, counts: dict[str, int]) -> None:
+        """A task's report of its batches by reason (its process's totals)."""
+        with self._lock:
+            self._batches_current[task] = counts
             self._rebuild()
 
     def task_partitions(self, task: int) -> list[tuple[str, int]]:
@@ -330,6 +342,7 @@ class NodeStats(ReplicationStats):
             ended = self._schemas_current.pop(task, None)
             if ended is not None:
                 self._schemas_earlier.add(ended)
+            self._batches_earlier.update(self._batches_current.pop(task, {}))
             self._rebuild()
 
     def _rebuild(self) -> None:
@@ -344,6 +357,11 @@ class NodeStats(ReplicationStats):
             for counts in (self._schemas_earlier, *self._schemas_current.values()):
                 schemas.add(counts)
             self.schemas = schemas
+        if self._batches_current or self.batches is not None:
+            batches = Counter(self._batches_earlier)
+            for by_reason in self._batches_current.values():
+                batches.update(by_reason)
+            self.batches = dict(batches)
 
 
 def _continued(earlier: PartitionStats, now: PartitionStats) -> PartitionStats:
@@ -441,6 +459,7 @@ def task_main(
                 error=str(failure) if failure is not None else None,
                 trace=part.error_trace if final else None,
                 schemas=copy.copy(part.stats.schemas),
+                batches=None if part.stats.batches is None else dict(part.stats.batches),
             )
         )
         counted = now_counted

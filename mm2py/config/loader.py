@@ -27,6 +27,7 @@ from typing import NoReturn
 from pydantic import ValidationError
 
 from mm2py.compat.filters import PatternError
+from mm2py.config import copy_mode
 from mm2py.config.client_props import to_librdkafka
 from mm2py.config.errors import ConfigError
 from mm2py.config.exactly_once import (
@@ -165,6 +166,8 @@ class _Builder:
         self.notes: dict[tuple[int, str], list[str]] = {}
         # Exactly-once keys by (scope, key): scope "" (global), "B" or "A->B".
         self.exactly_once: dict[tuple[str, str], Setting] = {}
+        # The clusters' configurations, built before the flows that read them.
+        self.built: dict[str, ClusterConfig] = {}
 
     def fail(self, key: str | None, message: str) -> NoReturn:
         raise ConfigError(self.path, key, message)
@@ -181,9 +184,10 @@ class _Builder:
             if key != "clusters":
                 self.sort(key, value)
         self.validate_settings(self.settings, {key: key for key in self.settings})
+        self.built = {alias: self.cluster(alias) for alias in self.aliases}
         config = MirrorConfig(
             path=self.path,
-            clusters={alias: self.cluster(alias) for alias in self.aliases},
+            clusters=self.built,
             listen=self.listen,
             flows=[
                 self.flow(source, target)
@@ -447,8 +451,7 @@ class _Builder:
                     f"registries but {' and '.join(missing)} is not set; set it or set "
                     f"{source}->{target}.{_REGISTRY_SYNC_KEY} = false",
                 )
-        if is_enabled and settings.copies_batches:
-            self.check_batch_copy(source, target, settings, shown)
+        settings = self.choose_copier(source, target, is_enabled, settings, shown)
         separator = settings.replication_policy_separator
         for alias in (source, target):
             if separator in alias:
@@ -459,24 +462,26 @@ class _Builder:
                 )
         return FlowConfig(source=source, target=target, enabled=is_enabled, settings=settings)
 
-    def check_batch_copy(
-        self, source: str, target: str, settings: FlowSettings, shown: dict[str, str]
-    ) -> None:
-        """`replication.copy.mode = batch` where this step of pass-through (issue 29)
-        cannot keep the flow's guarantees: exactly-once, schema-id translation."""
-        key = shown.get(_COPY_MODE_KEY, _COPY_MODE_KEY)
-        if settings.exactly_once != "off":
-            self.fail(
-                key,
-                f"batch copies flow {source}->{target} at-least-once only, and the flow is "
-                f"exactly-once ({settings.exactly_once_key}); set {key} = record or auto",
-            )
-        if settings.schema_registry_sync_enabled:
-            self.fail(
-                key,
-                f"batch cannot give flow {source}->{target}'s records the target registry's "
-                f"schema ids ({_REGISTRY_SYNC_KEY}); set {key} = record or auto",
-            )
+    def choose_copier(
+        self, source: str, target: str, enabled: bool, settings: FlowSettings, shown: dict[str, str]
+    ) -> FlowSettings:
+        """`settings` with the copier `replication.copy.mode` gives the flow
+        (mm2py.config.copy_mode); `batch` where it cannot keep the flow's guarantees fails
+        the load of an enabled flow."""
+        name = f"{source}->{target}"
+        try:
+            choice = copy_mode.choose(name, settings, self.built[source], self.built[target], shown)
+        except copy_mode.BatchRefused as refused:
+            if enabled:
+                key = shown.get(_COPY_MODE_KEY, _COPY_MODE_KEY)
+                obstacle = refused.obstacle
+                self.fail(
+                    key,
+                    f"batch cannot copy flow {name}: {obstacle.key}: {obstacle.why};"
+                    f" set {key} = record or auto",
+                )
+            choice = copy_mode.CopyChoice("record", str(refused))
+        return settings.resolved(copier=choice.copier, copier_reason=choice.reason)
 
     def cluster(self, alias: str) -> ClusterConfig:
         raw = self.clusters[alias]

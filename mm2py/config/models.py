@@ -291,11 +291,14 @@ class FlowSettings(BaseModel):
 
     # mm2py's own (issue 29): how the source part copies records. `record` reads and
     # produces each record; `batch` passes the source's record batches through as they
-    # are (at-least-once only, for now); `auto` chooses, and for now chooses `record`,
-    # until pass-through keeps every guarantee (docs/running.md).
+    # are; `auto` chooses batch wherever it keeps every guarantee (docs/running.md).
     replication_copy_mode: Annotated[
         Literal["auto", "batch", "record"], BeforeValidator(_strip)
     ] = Field("auto", alias="replication.copy.mode")
+    # The copier the loader chose from the mode (mm2py.config.copy_mode), no key of its
+    # own; under `auto`, why a flow got the record copier.
+    copier: Literal["batch", "record"] = "record"
+    copier_reason: str = ""
 
     heartbeats_topic_replication_factor: CountOrBrokerDefault = Field(
         3, alias="heartbeats.topic.replication.factor"
@@ -335,9 +338,9 @@ class FlowSettings(BaseModel):
 
     @property
     def copies_batches(self) -> bool:
-        """Whether the source part passes record batches through (`replication.copy.mode =
-        batch`); `auto` means the record copier until pass-through keeps every guarantee."""
-        return self.replication_copy_mode == "batch"
+        """Whether the source part passes record batches through: the copier the loader
+        chose (mm2py.config.copy_mode)."""
+        return self.copier == "batch"
 
     @property
     def admin_timeout(self) -> float:

@@ -390,6 +390,8 @@ class Daemon:
             target=flow.target,
             replicating=replicating,
             delivery="exactly-once" if flow.settings.exactly_once != "off" else "at-least-once",
+            copier=flow.settings.copier,
+            copier_reason=flow.settings.copier_reason,
             state=flow_state(parts),
             parts=parts,
             topics=topics,

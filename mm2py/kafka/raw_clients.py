@@ -40,6 +40,7 @@ from aiokafka.protocol.produce import ProduceRequest
 from aiokafka.protocol.transaction import InitProducerIdRequest
 from aiokafka.structs import TopicPartition
 
+from mm2py.config.copy_mode import raw_connection_problem
 from mm2py.kafka.record_batches import (
     AbortedTransaction,
     RecordBatch,
@@ -65,6 +66,13 @@ FETCH_WAIT_MS = 500
 FETCH_MIN_BYTES = 1
 PARTITION_MAX_BYTES = 1 << 20
 FETCH_MAX_BYTES = 16 << 20
+# The source consumer's librdkafka keys that set a FetchSession's limits, where set.
+FETCH_KEYS = {
+    "fetch.wait.max.ms": "max_wait_ms",
+    "fetch.min.bytes": "min_bytes",
+    "max.partition.fetch.bytes": "partition_max_bytes",
+    "fetch.max.bytes": "max_bytes",
+}
 # Batches of several partitions share a Produce request up to this size (a single batch
 # may be larger; the broker's socket.request.max.bytes is 100 MiB).
 MAX_REQUEST_BYTES = 8 << 20
@@ -109,20 +117,19 @@ def client_settings(props: Mapping[str, str]) -> dict[str, Any]:
     """AIOKafkaClient's keyword arguments from a cluster's librdkafka properties.
 
     Connection keys only (bootstrap, security protocol, SASL PLAIN/SCRAM, TLS files);
-    librdkafka tuning keys do not apply and are not read.
+    librdkafka tuning keys do not apply and are not read. A connection these clients
+    cannot make (mm2py.config.copy_mode.raw_connection_problem) is a ValueError; the loader
+    keeps such flows on the record copier.
     """
+    problem = raw_connection_problem(props)
+    if problem is not None:
+        raise ValueError(f"{problem[0]}: {problem[1]}")
     settings: dict[str, Any] = {"bootstrap_servers": props["bootstrap.servers"]}
-    protocol = props.get("security.protocol", "PLAINTEXT").upper()
-    if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
-        raise ValueError(f"security.protocol {protocol!r} is not one raw batches can use")
+    protocol = props.get("security.protocol", "PLAINTEXT").strip().upper()
     settings["security_protocol"] = protocol
     if protocol.startswith("SASL"):
-        mechanism = props.get("sasl.mechanism", props.get("sasl.mechanisms", "GSSAPI")).upper()
-        if mechanism not in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
-            raise ValueError(
-                f"sasl.mechanism {mechanism!r}: raw batches support PLAIN and SCRAM-SHA-256/512"
-            )
-        settings["sasl_mechanism"] = mechanism
+        mechanism = props.get("sasl.mechanism", props.get("sasl.mechanisms", ""))
+        settings["sasl_mechanism"] = mechanism.strip().upper()
         settings["sasl_plain_username"] = props.get("sasl.username")
         settings["sasl_plain_password"] = props.get("sasl.password")
     if protocol.endswith("SSL"):
@@ -292,6 +299,20 @@ class FetchSession(_Session):
         self._out: dict[int, asyncio.Task[tuple[dict[TP, int], Any]]] = {}
         self._failing_since: dict[TP, float] = {}
         self._backoff: dict[int, float] = {}
+
+    @classmethod
+    def like_consumer(cls, props: Mapping[str, str]) -> FetchSession:
+        """A session whose fetches wait, and take, what the record copier's consumer's
+        would: the source consumer's librdkafka keys (`FETCH_KEYS`) where the
+        configuration sets them, else the consumer defaults."""
+        limits = {arg: int(props[key]) for key, arg in FETCH_KEYS.items() if key in props}
+        return cls(
+            props,
+            max_wait_ms=limits.get("max_wait_ms", FETCH_WAIT_MS),
+            min_bytes=limits.get("min_bytes", FETCH_MIN_BYTES),
+            partition_max_bytes=limits.get("partition_max_bytes", PARTITION_MAX_BYTES),
+            max_bytes=limits.get("max_bytes", FETCH_MAX_BYTES),
+        )
 
     async def close(self) -> None:
         for task in self._out.values():

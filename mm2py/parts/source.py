@@ -31,7 +31,11 @@ from confluent_kafka import KafkaError
 
 from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.kafka import clients
-from mm2py.kafka.raw_clients import FetchSession, IdempotentProduceSession, RawCopyClients
+from mm2py.kafka.raw_clients import (
+    FetchSession,
+    IdempotentProduceSession,
+    RawCopyClients,
+)
 from mm2py.parts.discovery import TopicChanges, TopicDiscovery
 from mm2py.replication import transactions
 from mm2py.replication.batch_copier import BatchCopier
@@ -241,7 +245,15 @@ class SourcePart(FlowPart):
                 self.stats.schemas,
             )
         loop: Copier
-        if flow.settings.copies_batches:
+        chosen = flow.settings
+        log.info(
+            "flow %s copies %s (replication.copy.mode = %s%s)",
+            flow.name,
+            "record batches as they are" if chosen.copies_batches else "record by record",
+            chosen.replication_copy_mode,
+            f"; {chosen.copier_reason}" if chosen.copier_reason else "",
+        )
+        if chosen.copies_batches:
             loop = self._batch_copier(
                 source_props, target_props, consumer, producer, progress, syncs, stored
             )
@@ -290,7 +302,7 @@ class SourcePart(FlowPart):
         target_props: Mapping[str, str],
         schemas: SchemaTranslator | None,
     ) -> CopyLoop:
-        """The record copier (``replication.copy.mode = record``, or ``auto`` for now)."""
+        """The record copier (the loader's choice: mm2py.config.copy_mode)."""
         flow, rules = self.flow, self.rules
         return CopyLoop(
             flow.name,
@@ -319,13 +331,15 @@ class SourcePart(FlowPart):
         syncs: OffsetSyncWriter | None,
         stored: Mapping[SourcePartition, int],
     ) -> BatchCopier:
-        """The batch copier (``replication.copy.mode = batch``; the loader allows it
-        at-least-once only), with the record path's consumer and producer for batches
-        that must go record by record."""
+        """The batch copier (the loader's choice where nothing keeps a flow from it:
+        mm2py.config.copy_mode), with the record path's consumer and producer for
+        batches that must go record by record."""
         flow = self.flow
 
         raw = RawCopyClients(
-            FetchSession(source_props), IdempotentProduceSession(target_props), flow.name
+            FetchSession.like_consumer(source_props),
+            IdempotentProduceSession(target_props),
+            flow.name,
         )
         return BatchCopier(
             flow.name,

@@ -140,8 +140,10 @@ class BatchCopier:
         self.committer = AtLeastOnce(flow_name, producer, progress, syncs, self.by_source)
         self._partitions: dict[SourcePartition, _Partition] = {}
         self.paused = False
-        # Batches by reason, for the log and tests (a metric is left for later).
-        self.reasons: dict[Reason, int] = dict.fromkeys(Reason, 0)
+        # Batches by reason (mm2py_batches_total), counted since the flow's first copier.
+        if stats.batches is None:
+            stats.batches = {reason.value: 0 for reason in Reason}
+        self.reasons: dict[str, int] = stats.batches
 
     # -- which partitions -------------------------------------------------------
 
@@ -237,7 +239,7 @@ class BatchCopier:
                 continue
             items = classify(split_batches(result.records).batches, part.position, result.aborted)
             for item in items:
-                self.reasons[item.reason] += 1
+                self.reasons[item.reason.value] += 1
             rounds[where] = _Round(part, result, items)
         if not give_up():
             # The next fetch goes out now, from where this round ends: its answers are read
@@ -506,7 +508,7 @@ class BatchCopier:
         log.info(
             "flow %s: batches by reason since the start: %s",
             self.flow_name,
-            " ".join(f"{reason.value}={n}" for reason, n in self.reasons.items()),
+            " ".join(f"{reason}={n}" for reason, n in self.reasons.items()),
         )
         try:
             self.committer.finish(deadline)

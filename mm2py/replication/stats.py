@@ -175,6 +175,9 @@ class ReplicationStats:
         self.partitions: dict[tuple[str, int], PartitionStats] = {}
         # Schema registry replication's counts, when the flow has it on.
         self.schemas: SchemaStats | None = None
+        # Batch pass-through's source batches by reason (record_batches.Reason's values),
+        # once the flow has a batch copier; kept across its restarts, as counters are.
+        self.batches: dict[str, int] | None = None
         # When `roll` next looks at the partitions' windows (never without mm2_names).
         self._next_roll = 0.0 if mm2_names else math.inf
 

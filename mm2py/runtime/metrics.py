@@ -67,6 +67,14 @@ SKIPPED = (
     "Records not copied, by reason: deleted_before_copy = deleted on the source"
     " (retention, truncation, delete_records) before they were copied.",
 )
+BATCHES = (
+    "mm2py_batches",
+    "counter",
+    "Source record batches read by batch pass-through, by reason: whole = produced as they"
+    " are; control, aborted = dropped as read_committed readers drop them; the others"
+    " (offset_gaps, starts_before_position, delete_horizon, log_append_time, legacy_magic)"
+    " = copied record by record.",
+)
 
 # Schema registry replication (``schema.registry.sync.enabled``), per flow: family, and
 # the SchemaStats field it shows.
@@ -302,6 +310,15 @@ class ReplicationCollector(Collector):
                 age.add_metric(values, stats.record_age.buckets(), stats.record_age.total)
                 latency.add_metric(values, stats.latency.buckets(), stats.latency.total)
         yield from (records, size, lag, age, latency, skipped)
+        passing = [(flow, flow.batches) for flow in flows if flow.batches is not None]
+        if passing:
+            batches = CounterMetricFamily(
+                BATCHES[0], BATCHES[2], labels=["source", "target", "reason"]
+            )
+            for flow, by_reason in passing:
+                for reason, count in list(by_reason.items()):
+                    batches.add_metric([flow.source, flow.target, reason], count)
+            yield batches
         with_schemas = [(flow, flow.schemas) for flow in flows if flow.schemas is not None]
         if with_schemas:
             for (name, _kind, documentation), attr in SCHEMA_FAMILIES:
@@ -360,6 +377,15 @@ class ReplicationCollector(Collector):
                 out.append(f"{name}_sum{{{labels}}} {_value(h.total)}\n")
         name = _header(out, SKIPPED)
         out += [f"{name}{{{labels}}} {_value(count)}\n" for labels, count in skipped]
+        passing = [(flow, flow.batches) for flow in flows if flow.batches is not None]
+        if passing:
+            name = _header(out, BATCHES)
+            out += [
+                f'{name}{{reason="{reason}",source="{_escape(flow.source)}",'
+                f'target="{_escape(flow.target)}"}} {_value(count)}\n'
+                for flow, by_reason in passing
+                for reason, count in list(by_reason.items())
+            ]
         with_schemas = [(flow, flow.schemas) for flow in flows if flow.schemas is not None]
         if with_schemas:
             for family, attr in SCHEMA_FAMILIES:

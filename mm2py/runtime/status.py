@@ -86,6 +86,16 @@ class FlowStatus(BaseModel):
         "(B.exactly.once.source.support = enabled, and the target accepted them at start); "
         "readers see each record once only with isolation.level = read_committed"
     )
+    # A node of a release before the field copied records in every mode.
+    copier: Literal["batch", "record"] = Field(
+        "record",
+        description="batch when the source's record batches are passed through as they are, "
+        "record when each record is read and produced again (replication.copy.mode; under "
+        "auto, copier_reason says why a flow copies records)",
+    )
+    copier_reason: str = Field(
+        "", description="under replication.copy.mode = auto, what keeps the flow from batch"
+    )
     state: PartState = Field(
         description="FAILED if a part failed or a partition stopped, else UNREACHABLE if a "
         "cluster does not answer, else PAUSED if paused, else JOINING until the flow's "
@@ -249,7 +259,11 @@ def format_status(flows: Sequence[FlowStatus], health: Health | None = None) -> 
     if not flows:
         lines.append("no flows")
     for flow in flows:
-        kind = f"  {flow.delivery}" if flow.replicating else "  (heartbeats only)"
+        kind = (
+            f"  {flow.delivery}, {flow.copier} copier"
+            if flow.replicating
+            else ("  (heartbeats only)")
+        )
         lag = "lag unknown" if flow.lag_records is None else f"lag {flow.lag_records} records"
         lines.append(f"{flow.name}  {flow.state}  {lag}{kind}")
         part_rows = [["PART", "STATE", "RESTARTS", "ERROR"]]

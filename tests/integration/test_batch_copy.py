@@ -220,6 +220,9 @@ def test_batch_mode_copies_batches_identically_with_exact_syncs(
         metrics = daemon.metrics()
         assert daemon.stop()[0] == 0
         log_text = daemon.log()
+    assert "flow A->B copies record batches as they are (replication.copy.mode = batch)" in (
+        log_text
+    )
     assert "now copying batches of" in log_text
     # Passed as they are, markers and aborted batches dropped, LogAppendTime batches (and
     # nothing else) record by record.
@@ -234,6 +237,11 @@ def test_batch_mode_copies_batches_identically_with_exact_syncs(
         "aborted",
         "log_append_time",
     }, reasons
+    # mm2py_batches_total counts the same, as of the scrape (before the log's count).
+    for reason, logged in reasons.items():
+        line = f'mm2py_batches_total{{reason="{reason}",source="A",target="B"}} '
+        scraped = float(metrics.split(line, 1)[1].split("\n", 1)[0])
+        assert scraped <= int(logged) and (scraped > 0) == (logged != "0"), (reason, scraped)
     remote = f"A.{topics['txn']}"
     ends_b = end_offsets(cluster_b, remote)
     rows = [(r["topic"], r["partition"], r["downstream_offset"]) for r in done["rows"]]

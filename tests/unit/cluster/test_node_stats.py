@@ -39,6 +39,17 @@ def test_counts_never_go_back_when_a_task_restarts_or_moves_away() -> None:
     assert sum(again.latency.counts) == 2
 
 
+def test_batches_by_reason_add_up_over_tasks_and_never_go_back() -> None:
+    node = NodeStats("A", "B")
+    assert node.batches is None  # no task passes batches through: no series
+    node.update_batches(0, {"whole": 10, "aborted": 0})
+    node.update_batches(1, {"whole": 5, "aborted": 2})
+    assert node.batches == {"whole": 15, "aborted": 2}
+    node.retire(0)
+    node.update_batches(0, {"whole": 1, "aborted": 0})  # a new process counts from 0 again
+    assert node.batches == {"whole": 16, "aborted": 2}
+
+
 def test_mm2s_windows_stay_the_current_tasks_when_counts_continue() -> None:
     node = NodeStats("A", "B", mm2_names=True)
     first = ReplicationStats("A", "B", mm2_names=True)

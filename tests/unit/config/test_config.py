@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mm2py.config import ConfigError, FlowSettings, MirrorConfig, load_config
+from mm2py.config import ConfigError, FlowSettings, MirrorConfig, copy_mode, load_config
 from mm2py.config.client_props import parse_jaas
 from mm2py.config.properties import parse_properties
 
@@ -63,7 +63,11 @@ def test_example_config_values() -> None:
 
 def test_defaults_are_mm2s(tmp_path: Path) -> None:
     settings = load(tmp_path, BASE + "A->B.enabled = true\n").flow("A", "B").settings
-    assert settings == FlowSettings.model_validate({})
+    # With MM2's defaults nothing keeps the flow from batch pass-through but that it is
+    # not the default yet (copy_mode).
+    assert settings == FlowSettings.model_validate({}).resolved(
+        copier="record", copier_reason=copy_mode.NOT_YET
+    )
     assert settings.topics == [".*"]
     assert settings.topics_exclude == ["mm2.*\\.internal", ".*\\.replica", "__.*"]
     assert settings.groups == [".*"]
@@ -407,15 +411,16 @@ def test_schema_registry_keys_in_yaml(tmp_path: Path) -> None:
     }
 
 
-def test_replication_copy_mode_per_flow_and_auto_means_record(tmp_path: Path) -> None:
-    """`replication.copy.mode`: auto by default, which copies records for now; per flow."""
+def test_replication_copy_mode_per_flow(tmp_path: Path) -> None:
+    """`replication.copy.mode`: auto by default, per flow; record is record even where
+    batch could go."""
     path = tmp_path / "mm2.properties"
     path.write_text(
         "clusters = A, B\nA.bootstrap.servers = a:9092\nB.bootstrap.servers = b:9092\n"
-        "A->B.enabled = true\nB->A.enabled = true\nA->B.replication.copy.mode = batch \n"
+        "A->B.enabled = true\nB->A.enabled = true\nA->B.replication.copy.mode = record \n"
     )
     config = load_config(path)
     a_to_b = config.flow("A", "B").settings
     b_to_a = config.flow("B", "A").settings
-    assert (a_to_b.replication_copy_mode, a_to_b.copies_batches) == ("batch", True)
+    assert (a_to_b.replication_copy_mode, a_to_b.copies_batches) == ("record", False)
     assert (b_to_a.replication_copy_mode, b_to_a.copies_batches) == ("auto", False)

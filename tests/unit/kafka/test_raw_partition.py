@@ -14,6 +14,7 @@ from aiokafka.protocol.produce import ProduceRequest
 from aiokafka.protocol.transaction import InitProducerIdRequest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
+from mm2py.kafka.raw_clients import FetchSession
 from mm2py.kafka.raw_partition import (
     IdempotentRawProducer,
     RawFetcher,
@@ -270,3 +271,22 @@ def test_fetch_out_of_range_says_what_to_do() -> None:
     fetcher = RawFetcher({"bootstrap.servers": "fake:9092"}, "t", 0, client_factory=lambda: client)
     with fetcher, pytest.raises(RawPartitionError, match=r"out of range.*log start"):
         fetcher.fetch(42)
+
+
+def test_fetches_wait_and_take_what_the_source_consumer_would() -> None:
+    """The source consumer's librdkafka fetch keys where the configuration sets them,
+    else the consumer defaults."""
+    props = {
+        "bootstrap.servers": "a:9092",
+        "fetch.wait.max.ms": "100",
+        "fetch.min.bytes": "65536",
+        "max.partition.fetch.bytes": "2097152",
+        "fetch.max.bytes": "52428800",
+        "linger.ms": "5",
+    }
+    session = FetchSession.like_consumer(props)
+    assert (session.max_wait_ms, session.min_bytes) == (100, 65536)
+    assert (session.partition_max_bytes, session.max_bytes) == (2097152, 52428800)
+    default = FetchSession.like_consumer({"bootstrap.servers": "a:9092"})
+    assert (default.max_wait_ms, default.min_bytes) == (500, 1)
+    assert (default.partition_max_bytes, default.max_bytes) == (1 << 20, 16 << 20)

@@ -192,12 +192,16 @@ def test_exposition_writes_what_prometheus_client_writes() -> None:
     skipping.partitions[("A.u", 0)].latency.observe(1e-7)
     skipping.schemas = SchemaStats(schemas_copied=3, ids_translated=120, lookups=9, failures=1)
     metrics.replication.add(skipping)
+    passing = _stats(partition_labels=False, source="F")
+    passing.batches = {"whole": 7, "aborted": 1, "offset_gaps": 0}
+    metrics.replication.add(passing)
     metrics.errors.labels("A", "B", "source").inc()
     metrics.flow_info.labels("A->B", "A", "B").set(1)
     metrics.checkpoint_latency.labels("A", "B", "g").observe(0.3)
     expected = generate_latest(metrics.registry)
     assert "mm2py_records_total" in expected.decode() and "mm2py_errors_total" in expected.decode()
     assert 'mm2py_schema_ids_translated_total{source="E",target="B"} 120.0' in expected.decode()
+    assert 'mm2py_batches_total{reason="whole",source="F",target="B"} 7.0' in expected.decode()
     assert exposition(metrics.registry) == expected
     assert exposition(metrics.registry) == expected  # the collector is back in the registry
     assert exposition(CollectorRegistry()) == b""

@@ -108,7 +108,7 @@ def test_status_table_lists_parts_states_lag_and_latency() -> None:
     text = format_status([flow], health([flow]))
     lines = text.splitlines()
     assert lines[0] == "health: NOT READY"
-    assert "A->B  FAILED  lag 3 records  at-least-once" in text
+    assert "A->B  FAILED  lag 3 records  at-least-once, record copier" in text
     exactly = flow.model_copy(update={"delivery": "exactly-once"})
     assert "A->B  FAILED  lag 3 records  exactly-once" in format_status([exactly])
     assert any(ln.split() == ["checkpoint", "FAILED", "2", "Boom"] for ln in lines)
