@@ -98,7 +98,13 @@ class OffsetOutOfRange(RawPartitionError):
 
 class BatchRejected(RawPartitionError):
     """The target refused a batch for what it holds (too large, invalid, not authorised),
-    not for the producer's state: sending it again cannot succeed."""
+    not for the producer's state: sending it again cannot succeed. `too_large`: larger
+    than the target takes (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE), where its records
+    one by one may still fit."""
+
+    def __init__(self, message: str, too_large: bool = False) -> None:
+        super().__init__(message)
+        self.too_large = too_large
 
 
 @dataclass(frozen=True)
@@ -315,13 +321,17 @@ class FetchSession(_Session):
         )
 
     async def close(self) -> None:
+        await self.discard()
+        await super().close()
+
+    async def discard(self) -> None:
+        """Drop the Fetches out, their answers unread (a paused copier reads nothing)."""
         for task in self._out.values():
             task.cancel()
         for task in self._out.values():
-            with contextlib.suppress(BaseException):  # cancelled, or failed: closing
+            with contextlib.suppress(BaseException):  # cancelled, or failed: dropped
                 await task
         self._out.clear()
-        await super().close()
 
     async def prefetch(self, positions: Mapping[TP, int]) -> None:
         """Send a Fetch to every leader of `positions` that has none out."""
@@ -694,7 +704,11 @@ class IdempotentProduceSession(_Session):
                     failed = self.error(
                         "produce", [tp], error.__name__, PRODUCE_ADVICE.get(code, ADVICE)
                     )
-                    out[tp] = BatchRejected(str(failed)) if code in REJECTIONS else failed
+                    out[tp] = (
+                        BatchRejected(str(failed), too_large=code in TOO_LARGE)
+                        if code in REJECTIONS
+                        else failed
+                    )
         return out
 
 
@@ -718,6 +732,7 @@ ADVICE = "Not retriable; see the broker's log"
 # CORRUPT_MESSAGE, MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE, TOPIC_AUTHORIZATION_FAILED,
 # INVALID_TIMESTAMP, INVALID_RECORD: the batch itself is refused (`BatchRejected`).
 REJECTIONS = frozenset({2, 10, 18, 29, 32, 87})
+TOO_LARGE = frozenset({10, 18})  # MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE
 PRODUCE_ADVICE = {
     29: "Grant the principal WRITE on the topic",  # TOPIC_AUTHORIZATION_FAILED
     10: "Raise the target topic's max.message.bytes to the source's",  # MESSAGE_TOO_LARGE
@@ -800,6 +815,10 @@ class RawCopyClients(SessionsOnLoop):
     def prefetch(self, positions: Mapping[TP, int]) -> None:
         """`FetchSession.prefetch`: the next fetch goes out while the caller produces."""
         self._run(self.fetch_session.prefetch(positions))
+
+    def discard_fetches(self) -> None:
+        """`FetchSession.discard`."""
+        self._run(self.fetch_session.discard())
 
     def produce(
         self, batches: Mapping[TP, Sequence[RecordBatch]]

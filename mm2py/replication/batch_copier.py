@@ -56,7 +56,7 @@ from mm2py.kafka.record_batches import (
 )
 from mm2py.logs import partition_fields
 from mm2py.replication.committers import AtLeastOnce
-from mm2py.replication.copy_loop import NewPartition, describe_partitions
+from mm2py.replication.copy_loop import NewPartition, describe_partitions, log_deleted_before_copy
 from mm2py.replication.delivery import PartitionState, producer_failed, record_size
 from mm2py.replication.offset_syncs import OffsetSyncWriter
 from mm2py.replication.progress import ProgressStore, SourcePartition
@@ -218,7 +218,11 @@ class BatchCopier:
         """One fetch round over every assigned partition, and what it brought copied and
         proven. Raises when the part must restart."""
         parts = {k: p for k, p in self._partitions.items() if p.state.failure is None}
-        if self.paused or not parts:
+        if self.paused:
+            # Nothing is read while paused: answers to fetches sent before are dropped.
+            self.raw.discard_fetches()
+            time.sleep(min(self._poll_timeout, 0.1))
+        elif not parts:
             time.sleep(min(self._poll_timeout, 0.1))
         else:
             self.stats.roll(time.time())
@@ -298,16 +302,12 @@ class BatchCopier:
         low = self._log_start(state)
         if part.position < low:
             state.stats.skipped += low - part.position
-            log.warning(
-                "flow %s: %s-%s: offsets %d..%d (%d records) were deleted on the source "
-                "before they were copied",
+            log_deleted_before_copy(
                 self.flow_name,
-                state.topic,
-                state.partition,
+                self.stats.source,
+                (state.topic, state.partition),
                 part.position,
-                low - 1,
-                low - part.position,
-                extra=partition_fields(state.topic, state.partition),
+                low,
             )
         else:
             log.warning(
@@ -356,6 +356,8 @@ class BatchCopier:
         state = part.state
         stats = state.stats
         committer = self.committer
+        if isinstance(outcome, BatchRejected) and outcome.too_large:
+            return self._copy_too_large(part, batches, outcome)
         if isinstance(outcome, BatchRejected):
             exc = outcome
             # Batches before the refused one may be on the target: at-least-once, they
@@ -382,12 +384,35 @@ class BatchCopier:
             committer.on_copied(stats, count, first_ts, last_ts, now)
         return True
 
-    def _copy_records(self, part: _Partition, batch: RecordBatch) -> None:
-        """Copy the records of `batch` from the partition's position through the record
-        path's consumer and producer; returns once every one is acknowledged."""
+    def _copy_too_large(
+        self, part: _Partition, batches: list[RecordBatch], refused: BatchRejected
+    ) -> bool:
+        """Batches the target refused as larger than it takes (its max.message.bytes may
+        be below the source's): their records go one by one, so that each one the target
+        cannot take stops the partition naming its offset, as with the record copier.
+        False when one was refused (the partition is stopped)."""
         state = part.state
-        first = max(part.position, batch.header.base_offset)
-        last = batch.header.last_offset
+        log.warning(
+            "flow %s: %s-%s offsets %d..%d: the target refused the batches as too large (%s);"
+            " copying their records one by one",
+            self.flow_name,
+            state.topic,
+            state.partition,
+            batches[0].header.base_offset,
+            batches[-1].header.last_offset,
+            refused,
+            extra=partition_fields(state.topic, state.partition),
+        )
+        self._copy_records(part, *batches)
+        return state.failure is None
+
+    def _copy_records(self, part: _Partition, *batches: RecordBatch) -> None:
+        """Copy the records of `batches` (consecutive in the log) from the partition's
+        position through the record path's consumer and producer; returns once every one
+        is acknowledged."""
+        state = part.state
+        first = max(part.position, batches[0].header.base_offset)
+        last = batches[-1].header.last_offset
         msgs = self._read_records(state, first, last)
         reports: list[tuple[KafkaError | None, int]] = []
 
@@ -497,7 +522,21 @@ class BatchCopier:
     # -- periodic work ------------------------------------------------------------
 
     def update_lag(self) -> None:
-        """Lag is measured at each fetch (its high watermark); nothing to do here."""
+        """Lag is measured at each fetch (its high watermark); while paused, when nothing
+        is fetched, from the source's high watermark of each partition (a request each)."""
+        if not self.paused:
+            return
+        for part in list(self._partitions.values()):
+            state = part.state
+            if state.failure is not None:
+                continue
+            try:
+                _, high = self.consumer.get_watermark_offsets(
+                    state.source_tp, timeout=WATERMARK_TIMEOUT, cached=False
+                )
+            except KafkaException:
+                continue  # unknown for now; measured again in a second
+            state.stats.lag = max(int(high) - part.position, 0)
 
     def commit_progress(self, wait_until: float | None = None) -> None:
         """The periodic progress write: `AtLeastOnce.record_progress`."""

@@ -569,19 +569,7 @@ class CopyLoop:
             return False
         state = self.by_source[where]
         state.stats.skipped += end - expected
-        log.warning(
-            "flow %s: %s %s-%s: offsets %d..%d (%d records) were deleted on cluster %s "
-            "before they were copied",
-            self.flow_name,
-            self.stats.source,
-            where[0],
-            where[1],
-            expected,
-            end - 1,
-            end - expected,
-            self.stats.source,
-            extra=partition_fields(*where),
-        )
+        log_deleted_before_copy(self.flow_name, self.stats.source, where, expected, end)
         return True
 
     def offset_reset(self, topic: str, partition: int, position: int) -> None:
@@ -801,6 +789,26 @@ class CopyLoop:
     def restart_reason(self) -> str | None:
         """Why the loop must end so that the part restarts."""
         return self.committer.restart_reason
+
+
+def log_deleted_before_copy(
+    flow_name: str, source: str, where: SourcePartition, first: int, end: int
+) -> None:
+    """Log, once per gap, that offsets first..end-1 of a source partition were deleted on
+    cluster `source` before they were copied (both copiers, in the same words)."""
+    log.warning(
+        "flow %s: %s %s-%s: offsets %d..%d (%d records) were deleted on cluster %s "
+        "before they were copied",
+        flow_name,
+        source,
+        where[0],
+        where[1],
+        first,
+        end - 1,
+        end - first,
+        source,
+        extra=partition_fields(*where),
+    )
 
 
 def describe_partitions(tps: Sequence[TopicPartition]) -> str:

@@ -61,6 +61,7 @@ class FakeRawProducer:
     def __init__(self) -> None:
         self.end = TARGET_START
         self.refuse: set[int] = set()  # source base offsets of batches the target refuses
+        self.too_large: set[int] = set()  # ... refuses as larger than it takes
         self.produced: list[int] = []  # source base offsets, in order
         self.opened = self.closed = False
 
@@ -74,7 +75,9 @@ class FakeRawProducer:
         bases = []
         for b in batches:
             if b.header.base_offset in self.refuse:
-                raise BatchRejected("produce for A.t-0 failed: MessageSizeTooLargeError")
+                raise BatchRejected("produce for A.t-0 failed: InvalidRecordError")
+            if b.header.base_offset in self.too_large:
+                raise BatchRejected("produce for A.t-0 failed: RecordListTooLargeError", True)
             bases.append(self.end)
             self.end += b.header.record_count
             self.produced.append(b.header.base_offset)
@@ -115,6 +118,11 @@ class FakeRaw:
 
     def prefetch(self, positions: dict[tuple[str, int], int]) -> None:
         self.prefetched.append(dict(positions))
+
+    def discard_fetches(self) -> None:
+        self.discarded += 1
+
+    discarded = 0
 
     def produce(
         self, batches: dict[tuple[str, int], list[RecordBatch]]
@@ -308,7 +316,7 @@ def test_a_rejected_batch_stops_its_partition_naming_it() -> None:
     assert fetcher.fetches == [0]  # stopped: not fetched again
     failed = copier.failed_partitions()
     assert list(failed) == ["A.t-0"] and "rejected a batch of t-0 (offsets 0..3" in failed["A.t-0"]
-    assert "MessageSizeTooLargeError" in failed["A.t-0"] and len(failures) == 1
+    assert "InvalidRecordError" in failed["A.t-0"] and len(failures) == 1
     copier.commit_progress()
     assert progress.written == {} and copier.by_source[("t", 0)].acked == -1
 
@@ -403,3 +411,57 @@ def test_a_rejected_partition_stops_alone() -> None:
     assert list(copier.failed_partitions()) == ["A.t-1"]
     assert raw.rounds[-1] == {("t", 0): 2}  # the stopped partition is not fetched again
     assert copier.by_source[("t", 0)].acked == 1
+
+
+def test_paused_reads_nothing_drops_fetches_out_and_measures_lag_from_the_source() -> None:
+    """A paused copier fetches nothing, drops the answers of fetches already out (what
+    they bring was read while paused), and measures lag from the source's high
+    watermark, which no fetch brings now."""
+    copier, _fetcher, _raw, _syncs, _progress = _copier([_records(0, 3)])
+    clients = copier.raw
+    copier.copy_batch(lambda: False)
+    rounds = len(clients.rounds)  # type: ignore[attr-defined]
+    copier.set_paused(True)
+    copier.copy_batch(lambda: False)
+    assert len(clients.rounds) == rounds  # type: ignore[attr-defined]
+    assert clients.discarded == 1  # type: ignore[attr-defined]
+    copier.update_lag()
+    state = copier.by_source[("t", 0)]
+    assert state.stats.lag == 100 - 3  # RecordsConsumer's high watermark, from position 3
+    copier.set_paused(False)
+    copier.copy_batch(lambda: False)
+    assert len(clients.rounds) == rounds + 1  # type: ignore[attr-defined]
+
+
+def test_a_batch_too_large_for_the_target_goes_record_by_record() -> None:
+    """The target's max.message.bytes below the source's batch: its records go one by
+    one; the one that still does not fit stops the partition naming its offset."""
+    copier, _, raw, _, progress = _copier([_records(0, 3), _records(3, 2)])
+    raw.too_large = {0}
+    consumer: RecordsConsumer = copier.consumer
+    consumer.queued = [Record("t", 0, o, value=b"x" * (o + 1)) for o in range(5)]
+    producer: FakeProducer = copier.producer
+    producer.outcome = lambda r: (
+        KafkaError(KafkaError.MSG_SIZE_TOO_LARGE) if r.value() == b"xxx" else None
+    )
+    copier.copy_batch(lambda: False)
+    failed = copier.failed_partitions()["A.t-0"]
+    assert "rejected record t-0 offset 2 (3 bytes)" in failed and raw.produced == []
+    copier.commit_progress()
+    assert progress.written == {("t", 0): 1}  # offsets 0 and 1 were copied before it
+
+
+def test_a_batch_too_large_whose_records_fit_is_copied_and_the_next_passes() -> None:
+    """The produce that carried the refused batch is copied record by record (the batches
+    after it in the same request too); the next round passes batches again."""
+    copier, fetcher, raw, _, progress = _copier([_records(0, 3), _records(3, 2)])
+    raw.too_large = {0}
+    consumer: RecordsConsumer = copier.consumer
+    consumer.queued = [Record("t", 0, o, value=b"x") for o in range(5)]
+    copier.copy_batch(lambda: False)
+    assert copier.failed_partitions() == {} and raw.produced == []
+    copier.commit_progress()
+    assert progress.written == {("t", 0): 4}
+    fetcher.log.append(_records(5, 2))
+    copier.copy_batch(lambda: False)
+    assert raw.produced == [5]  # the next batch passed as it is
