@@ -449,10 +449,15 @@ class BatchCopier:
                         f"offset {upstream} to {self.target_alias} failed: {err.str()}; the "
                         "part restarts from its progress"
                     )
+                # The target refuses a whole batch when one record is too large, so every
+                # record of it reports the error: the largest is named, as the record
+                # copier does.
+                refused = [(m, e) for m, (e, _) in zip(msgs, reports, strict=True) if e is not None]
+                msg, err = max(refused, key=lambda r: record_size(r[0]))
                 self._stop_partition(
                     state,
                     f"target {self.target_alias} rejected record {state.topic}-"
-                    f"{state.partition} offset {upstream} ({record_size(msg)} bytes) for "
+                    f"{state.partition} offset {msg.offset()} ({record_size(msg)} bytes) for "
                     f"remote topic {state.remote_topic}: {err.str()}",
                 )
                 return
