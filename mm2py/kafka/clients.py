@@ -190,9 +190,17 @@ def is_access_error(err: KafkaError) -> bool:
 
 def access_problem(alias: str, props: Mapping[str, str], err: KafkaError) -> str:
     """What failed on cluster `alias` and what to check, without any secret."""
-    if err.code() == KafkaError._SSL:
+    return refused_access(alias, props, tls=err.code() == KafkaError._SSL, detail=err.str())
+
+
+def refused_access(alias: str, props: Mapping[str, str], *, tls: bool, detail: str) -> str:
+    """What to check when cluster `alias` refused the TLS handshake (`tls`) or the login,
+    whichever client saw it; `detail` is the client's error text (shown for TLS only: a
+    refused login says nothing more). `props` are the cluster's librdkafka properties;
+    no secret is read."""
+    if tls:
         return (
-            f"cluster {alias}: TLS handshake failed ({err.str()}): check "
+            f"cluster {alias}: TLS handshake failed ({detail}): check "
             f"{alias}.ssl.truststore.location (or ssl.ca.location) and the brokers' "
             "certificates"
         )

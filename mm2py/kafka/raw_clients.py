@@ -14,6 +14,9 @@ protocol layer (`AIOKafkaClient.send` with Fetch v11 and Produce v7 against Kafk
 - Per partition: retriable errors (leader change, lost broker) refresh metadata and are
   retried until `retry_timeout` without progress, then `RawPartitionError` names the
   partition; `OffsetOutOfRange` and `BatchRejected` are results of that partition alone.
+- A broker that cannot be connected to is asked (`ACCESS_PROBE_INTERVAL`) whether it
+  refuses the login or the TLS handshake: `AccessRefused` then, at once, with the text
+  the record copier gives (mm2py.kafka.clients.refused_access); retrying cannot fix it.
 - `RawLoop` is the one thread: sessions' coroutines run on it; `RawCopyClients` is a
   copier's synchronous facade (construct, then `open()`; `close()` stops the thread).
 """
@@ -27,13 +30,14 @@ import logging
 import ssl
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
 from aiokafka import errors as aiokafka_errors
 from aiokafka.client import AIOKafkaClient
+from aiokafka.conn import create_conn
 from aiokafka.helpers import create_ssl_context
 from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.protocol.produce import ProduceRequest
@@ -41,6 +45,7 @@ from aiokafka.protocol.transaction import InitProducerIdRequest
 from aiokafka.structs import TopicPartition
 
 from mm2py.config.copy_mode import raw_connection_problem
+from mm2py.kafka.clients import refused_access
 from mm2py.kafka.record_batches import (
     AbortedTransaction,
     RecordBatch,
@@ -84,11 +89,52 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncio.TimeoutError,
     OSError,
 )
+# AIOKafkaClient keeps a refused login or TLS handshake to itself (it logs it and answers
+# "node not ready"), so a failing broker is asked why on a connection of its own (closed at
+# once), at most this often.
+ACCESS_PROBE_INTERVAL = 5.0
+ACCESS_PROBE_TIMEOUT = 10.0
+SASL_REFUSALS: tuple[type[BaseException], ...] = (
+    aiokafka_errors.SaslAuthenticationFailed,
+    aiokafka_errors.UnsupportedSaslMechanismError,
+)
+
+
+class _ExpectedTrouble(logging.Filter):
+    """Demotes aiokafka's ERROR lines for a broker it cannot connect to, metadata it cannot
+    update and a topic missing from metadata (a deleted source topic) to DEBUG: the
+    sessions retry these or fail naming the cluster and partition, and the daemon reports
+    reachability and deleted topics itself, so they are not mm2py errors. A filter on
+    aiokafka's own loggers, installed when this module (the one user of aiokafka) is
+    imported, so that every process that copies batches has it, however its logging is
+    configured; lowering their level would not do, as these lines are logged at ERROR."""
+
+    PREFIXES = (
+        "Unable connect to",
+        "Unable to update metadata",
+        "Topic %s not found in cluster metadata",
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or not str(record.msg).startswith(self.PREFIXES):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+# aiokafka.client logs as "aiokafka"; a logger's filters see only its own records.
+for _name in ("aiokafka", "aiokafka.cluster"):
+    logging.getLogger(_name).addFilter(_ExpectedTrouble())
 
 
 class RawPartitionError(Exception):
     """A raw Fetch or Produce failed for good: the message names the cluster, topic,
     partition and error, and what to do."""
+
+
+class AccessRefused(RawPartitionError):
+    """The cluster refused the login or the TLS handshake: the message is the record
+    copier's (mm2py.kafka.clients.refused_access), what to check, without any secret."""
 
 
 class OffsetOutOfRange(RawPartitionError):
@@ -172,6 +218,14 @@ class RawLoop:
         self._loop.close()
 
 
+def _address(server: str) -> tuple[str, int]:
+    """("host", port) of a bootstrap server `host:port` (`[v6]:port`; 9092 if none)."""
+    host, _, port = server.strip().rpartition(":")
+    if not host or not port.isdigit():
+        return server.strip().strip("[]"), 9092
+    return host.strip("[]"), int(port)
+
+
 def error_class(code: int) -> Any:
     return aiokafka_errors.for_code(code)
 
@@ -195,12 +249,19 @@ class _Session:
         retry_timeout: float = 60.0,
         request_timeout_ms: int = 30_000,
         client_factory: Callable[[], Any] | None = None,
+        alias: str | None = None,
+        probe: Callable[[str, int], Awaitable[Any]] | None = None,
     ) -> None:
         self._settings = client_settings(props)
         # tests hand in a stand-in for AIOKafkaClient; it is made on the loop, as
         # AIOKafkaClient must be
         self._client_factory = client_factory or self._aiokafka_client
+        # and for the connection that asks a failing broker why (`check_access`)
+        self._probe = probe or self._connect
+        self._props = props
         self.bootstrap = props["bootstrap.servers"]
+        self.alias = alias or self.bootstrap
+        self._probed: dict[tuple[str, int], float] = {}
         self.retry_timeout = retry_timeout
         self.request_timeout_ms = request_timeout_ms
         self._client: Any = None
@@ -213,6 +274,43 @@ class _Session:
             **self._settings,
         )
 
+    async def _connect(self, host: str, port: int) -> Any:
+        return await create_conn(
+            host,
+            port,
+            client_id=f"mm2py-{self.role}",
+            request_timeout_ms=int(ACCESS_PROBE_TIMEOUT * 1000),
+            **{k: v for k, v in self._settings.items() if k != "bootstrap_servers"},
+        )
+
+    async def check_access(self, node: int | None) -> None:
+        """Raise `AccessRefused` if broker `node` (None: the bootstrap servers) refuses the
+        login or the TLS handshake; else (it answers, or cannot be reached) return, for
+        the caller to retry. Asks each broker at most once every ACCESS_PROBE_INTERVAL."""
+        if node is None:
+            addresses = [_address(server) for server in self.bootstrap.split(",")]
+        else:
+            broker = self._client.cluster.broker_metadata(node)
+            addresses = [] if broker is None else [(str(broker.host), int(broker.port))]
+        now = time.monotonic()
+        for address in addresses:
+            if now - self._probed.get(address, -ACCESS_PROBE_INTERVAL) < ACCESS_PROBE_INTERVAL:
+                continue
+            self._probed[address] = now
+            try:
+                conn = await asyncio.wait_for(self._probe(*address), ACCESS_PROBE_TIMEOUT)
+            except ssl.SSLError as exc:  # before OSError, its base
+                raise self.refused(tls=True, detail=str(exc)) from None
+            except SASL_REFUSALS as exc:
+                raise self.refused(tls=False, detail=str(exc)) from None
+            except (*CONNECTION_ERRORS, aiokafka_errors.KafkaError) as exc:
+                log.debug("probe of %s:%s: %r", *address, exc)
+                continue
+            conn.close()
+
+    def refused(self, *, tls: bool, detail: str) -> AccessRefused:
+        return AccessRefused(refused_access(self.alias, self._props, tls=tls, detail=detail))
+
     def error(self, what: str, tps: Sequence[TP], cause: str, advice: str) -> RawPartitionError:
         return RawPartitionError(
             f"{what} for {describe(tps)} on {self.bootstrap} failed: {cause}. {advice}"
@@ -223,6 +321,7 @@ class _Session:
         try:
             await self._client.bootstrap()
         except CONNECTION_ERRORS as exc:
+            await self.check_access(None)
             raise RawPartitionError(
                 f"connect to {self.bootstrap} failed: {exc}. Check bootstrap.servers and "
                 "that the cluster is up"
@@ -290,12 +389,16 @@ class FetchSession(_Session):
         retry_timeout: float = 60.0,
         request_timeout_ms: int = 30_000,
         client_factory: Callable[[], Any] | None = None,
+        alias: str | None = None,
+        probe: Callable[[str, int], Awaitable[Any]] | None = None,
     ) -> None:
         super().__init__(
             props,
             retry_timeout=retry_timeout,
             request_timeout_ms=request_timeout_ms,
             client_factory=client_factory,
+            alias=alias,
+            probe=probe,
         )
         self.max_wait_ms = max_wait_ms
         self.min_bytes = min_bytes
@@ -307,10 +410,11 @@ class FetchSession(_Session):
         self._backoff: dict[int, float] = {}
 
     @classmethod
-    def like_consumer(cls, props: Mapping[str, str]) -> FetchSession:
+    def like_consumer(cls, props: Mapping[str, str], alias: str | None = None) -> FetchSession:
         """A session whose fetches wait, and take, what the record copier's consumer's
         would: the source consumer's librdkafka keys (`FETCH_KEYS`) where the
-        configuration sets them, else the consumer defaults."""
+        configuration sets them, else the consumer defaults. `alias` names the cluster
+        in `AccessRefused`."""
         limits = {arg: int(props[key]) for key, arg in FETCH_KEYS.items() if key in props}
         return cls(
             props,
@@ -318,6 +422,7 @@ class FetchSession(_Session):
             min_bytes=limits.get("min_bytes", FETCH_MIN_BYTES),
             partition_max_bytes=limits.get("partition_max_bytes", PARTITION_MAX_BYTES),
             max_bytes=limits.get("max_bytes", FETCH_MAX_BYTES),
+            alias=alias,
         )
 
     async def close(self) -> None:
@@ -379,6 +484,7 @@ class FetchSession(_Session):
         try:
             response: Any = await self._client.send(leader, request)
         except CONNECTION_ERRORS as exc:
+            await self.check_access(leader)
             response = exc
         if not _retriable_answer(response):
             self._backoff.pop(leader, None)
@@ -528,12 +634,16 @@ class IdempotentProduceSession(_Session):
         retry_timeout: float = 60.0,
         request_timeout_ms: int = 30_000,
         client_factory: Callable[[], Any] | None = None,
+        alias: str | None = None,
+        probe: Callable[[str, int], Awaitable[Any]] | None = None,
     ) -> None:
         super().__init__(
             props,
             retry_timeout=retry_timeout,
             request_timeout_ms=request_timeout_ms,
             client_factory=client_factory,
+            alias=alias,
+            probe=probe,
         )
         self.producer_id = -1
         self.producer_epoch = -1
@@ -555,6 +665,7 @@ class IdempotentProduceSession(_Session):
                 error = error_class(response.error_code)
                 cause = error.__name__
             except CONNECTION_ERRORS as exc:
+                await self.check_access(node)
                 error, cause = None, repr(exc)
             if error is aiokafka_errors.NoError:
                 self.producer_id = int(response.producer_id)
@@ -689,7 +800,11 @@ class IdempotentProduceSession(_Session):
             timeout=self.request_timeout_ms,
             topics=list(by_topic.items()),
         )
-        response = await self._client.send(leader, request)
+        try:
+            response = await self._client.send(leader, request)
+        except CONNECTION_ERRORS:
+            await self.check_access(leader)
+            raise
         out: dict[TP, int | BaseException] = {}
         for topic, partitions in response.topics:
             for answer in partitions:

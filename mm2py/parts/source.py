@@ -337,8 +337,8 @@ class SourcePart(FlowPart):
         flow = self.flow
 
         raw = RawCopyClients(
-            FetchSession.like_consumer(source_props),
-            IdempotentProduceSession(target_props),
+            FetchSession.like_consumer(source_props, alias=flow.source),
+            IdempotentProduceSession(target_props, alias=flow.target),
             flow.name,
         )
         return BatchCopier(
