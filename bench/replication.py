@@ -4,7 +4,7 @@
     .venv/bin/python bench/replication.py --quick            # smoke run: 10x fewer records
     .venv/bin/python -m bench.replication --workloads large --systems mm2py mirrormaker2
     .venv/bin/python -m bench.replication --workloads compressed --systems mirrormaker2 \
-        mm2py mm2py-batch --copies 1 --latency-seconds 0   # issue 29's zstd workload
+        mm2py mm2py-record --copies 1 --latency-seconds 0   # issue 29's zstd workload
     make bench                                               # = python bench/replication.py
 
 Throughput, per workload (8 partitions: 1,000,000 x 1 KiB "large", 2,000,000 x 100 B
@@ -31,17 +31,20 @@ compressed`` (issue 29): 1,000,000 x 1 KiB JSON-like records (bench.workload's
 ``json_like_values``: distinct documents, deterministic from a seed, about 5.5x
 compressible), produced into A zstd-compressed in batches of about 64 KiB on the log
 (``COMPRESSED_PRODUCER_PROPS``), its label ending ``-zstd``; every system gets
-``B.producer.compression.type = zstd``, and each line has ``source_batches`` (partition
-0's batches as stored, fetched raw: their count, sizes, records per batch and the
-compression ratio). Its pipe limit is not measured yet (bench.pipe_limit's tools
-produce random, uncompressed bytes): its line is an error saying so. ``mm2py-batch`` is
-mm2py with ``replication.copy.mode = batch`` (pass-through, at-least-once; one of the
-default systems, so it copies the other workloads too); ``mm2py`` is its default
-mode, which is the record copier today (``auto`` = record), so no separate record line
-is made. The summary gives, per workload, mm2py-batch / MM2 in records/s and CPU per
-record, and on the zstd workload issue 29's targets (``mm2py_batch_targets``: at least
-3x MM2's records/s at no more than 0.1x its CPU per record, in one run), each with its
-value and whether it was met. Latency: MM2, mm2py
+``B.producer.compression.type = zstd`` except mm2py in its default mode, whose batch
+pass-through keeps the source's zstd batches (the key would make ``auto`` copy records,
+to compress as asked), and each line has ``source_batches`` (partition 0's batches as
+stored, fetched raw: their count, sizes, records per batch and the compression ratio).
+Its pipe limit is not measured yet (bench.pipe_limit's tools produce random,
+uncompressed bytes): its line is an error saying so. ``mm2py`` is mm2py's default mode
+(``replication.copy.mode = auto``, which passes batches through at-least-once);
+``mm2py-record`` is the record copier (``replication.copy.mode = record``; one of the
+default systems, so it copies the other workloads too). The summary gives, per
+workload, mm2py-record / MM2 in records/s and CPU per record, and issue 29's targets
+for mm2py's default mode (``mm2py_targets``): on the zstd workload at least 3x MM2's
+records/s at no more than 0.1x its CPU per record; on ``small`` at least 0.90 of the
+pipe limit at no more than 0.15x MM2's CPU per record; each with its value and whether
+it was met in this run. Latency: MM2, mm2py
 and mm2py exactly-once, each replicating its own fresh topic while a producer writes 1
 KiB records into it at a steady 5,000/s, read on B read_committed (exactly-once
 records become visible at their commit, so that wait is in its figure), from the
@@ -161,8 +164,9 @@ MEMORY_DIR: Final = Path("/dev/shm")
 MEMORY_NEEDED: Final = 12 << 30
 # mm2py copying exactly-once: B.exactly.once.source.support = enabled.
 MM2PY_EOS: Final = "mm2py-exactly-once"
-# mm2py passing the source's record batches through: replication.copy.mode = batch.
-MM2PY_BATCH: Final = "mm2py-batch"
+# mm2py copying record by record: replication.copy.mode = record (the default mode,
+# auto, passes batches through where it keeps the flow's guarantees).
+MM2PY_RECORD: Final = "mm2py-record"
 # mm2py with schema.registry.sync.enabled (the avro workload only).
 MM2PY_SCHEMAS: Final = "mm2py-schemas"
 # Framed Avro records: 5 bytes of framing, then an Avro record of one string field.
@@ -171,8 +175,8 @@ AVRO_SCHEMA: Final = (
     '{"type": "record", "name": "BenchRecord", "namespace": "mm2py.bench",'
     ' "fields": [{"name": "data", "type": "string"}]}'
 )
-SYSTEMS: Final = (PIPE_LIMIT, MIRRORMAKER2, MM2PY, MM2PY_BATCH, MM2PY_EOS)
-REPLICATORS: Final = (MIRRORMAKER2, MM2PY, MM2PY_BATCH, MM2PY_EOS)
+SYSTEMS: Final = (PIPE_LIMIT, MIRRORMAKER2, MM2PY, MM2PY_RECORD, MM2PY_EOS)
+REPLICATORS: Final = (MIRRORMAKER2, MM2PY, MM2PY_RECORD, MM2PY_EOS)
 WORKLOADS: Final = {
     "large": STANDARD_WORKLOADS[0],
     "small": STANDARD_WORKLOADS[1],
@@ -190,10 +194,14 @@ COMPRESSED_PRODUCER_PROPS: Final = {
     "batch.size": str(COMPRESSED_BATCH_BYTES * 11 // 2),
     "linger.ms": "100",
 }
-# Issue 29's target on the compressed workload, in one run: mm2py-batch at least this
-# many times MM2's records/s, at no more than this fraction of its CPU per record.
+# Issue 29's targets for mm2py's default mode, in one run: on the compressed workload at
+# least this many times MM2's records/s, at no more than this fraction of its CPU per
+# record; on `small` at least this fraction of the pipe limit, at no more than this
+# fraction of MM2's CPU per record.
 BATCH_SPEED_TARGET: Final = 3.0
 BATCH_CPU_TARGET: Final = 0.1
+SMALL_PIPE_TARGET: Final = 0.90
+SMALL_CPU_TARGET: Final = 0.15
 
 # connect-mirror-maker.sh starts MM2 with -Xmx2G; give the JVM what users get.
 MM2_HEAP: Final = "2g"
@@ -368,8 +376,8 @@ def replicating(
     props.update(settings or {})
     if system == MM2PY_EOS:
         props.update(exactly_once_properties(target, interval_ms))
-    if system == MM2PY_BATCH:
-        props["replication.copy.mode"] = "batch"
+    if system == MM2PY_RECORD:
+        props["replication.copy.mode"] = "record"
     if system == MIRRORMAKER2:
         mm2 = RealMirrorMaker(props, run_dir / f"mm2-{topic}", heap=MM2_HEAP)
         with mm2:
@@ -421,11 +429,13 @@ def replication_throughput(
     source, target = clusters["A"], clusters["B"]
     if workload.compression != "none":
         # Compressed workloads: every system writes B compressed alike (MM2 would
-        # otherwise write it uncompressed); the batch copier keeps the source's batches.
-        settings = {
-            f"{target.alias}.producer.compression.type": workload.compression,
-            **(settings or {}),
-        }
+        # otherwise write it uncompressed), but mm2py's default mode, whose batches keep
+        # the source's codec as they are (the key would make it copy records).
+        if system != MM2PY:
+            settings = {
+                f"{target.alias}.producer.compression.type": workload.compression,
+                **(settings or {}),
+            }
         fill = compressed_prefill
     topic = bench_topic(workload, f"bench-{system}")
     remote = f"{source.alias}.{topic}"
@@ -890,6 +900,44 @@ def exactly_once_targets(by: Mapping[tuple[str, str], dict[str, Any]]) -> list[d
     return targets
 
 
+def mm2py_targets(workload: str, figures: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """Issue 29's targets for mm2py's default mode on `workload` (a summary entry's
+    figures), each with its value and whether it was met; None where it has none."""
+
+    def judged(target: str, value: float | None, met: Callable[[float], bool]) -> dict[str, Any]:
+        return {"target": target, "value": value, "met": None if value is None else met(value)}
+
+    speed, cost = figures.get("mm2py_vs_mm2"), figures.get("mm2py_cpu_vs_mm2")
+    if workload.endswith("-zstd"):
+        return [
+            judged(
+                f"records/s >= {BATCH_SPEED_TARGET:g} x MM2",
+                speed,
+                lambda v: v >= BATCH_SPEED_TARGET,
+            ),
+            judged(
+                f"CPU per record <= {BATCH_CPU_TARGET:g} x MM2",
+                cost,
+                lambda v: v <= BATCH_CPU_TARGET,
+            ),
+        ]
+    if workload == WORKLOADS["small"].label:
+        pipe = figures.get("mm2py_vs_pipe_limit")
+        return [
+            judged(
+                f"records/s >= {SMALL_PIPE_TARGET:g} x the pipe limit",
+                pipe,
+                lambda v: v >= SMALL_PIPE_TARGET,
+            ),
+            judged(
+                f"CPU per record <= {SMALL_CPU_TARGET:g} x MM2",
+                cost,
+                lambda v: v <= SMALL_CPU_TARGET,
+            ),
+        ]
+    return None
+
+
 def summary(
     lines: Sequence[dict[str, Any]], load_start: list[float], load_end: list[float]
 ) -> dict[str, Any]:
@@ -936,35 +984,20 @@ def summary(
             }
         )
     for (system, workload), line in by.items():
-        if system != MM2PY_BATCH:
+        if system != MM2PY_RECORD:
             continue
         mm2 = by.get((MIRRORMAKER2, workload), {})
         rate, cpu = line.get("records_per_s"), line.get("cpu_s_per_m_records")
-        speed = _ratio(rate, mm2.get("records_per_s"))
-        cost = _ratio(cpu, mm2.get("cpu_s_per_m_records"))
         workloads.setdefault(workload, {}).update(
             {
-                "mm2py_batch_records_per_s": rate,
-                "mm2py_batch_vs_mm2": speed,
-                "mm2py_batch_cpu_s_per_m_records": cpu,
-                "mm2py_batch_cpu_vs_mm2": cost,
-                # issue 29's targets are for its zstd workload
-                "mm2py_batch_targets": None
-                if not workload.endswith("-zstd")
-                else [
-                    {
-                        "target": f"records/s >= {BATCH_SPEED_TARGET:g} x MM2",
-                        "value": speed,
-                        "met": None if speed is None else speed >= BATCH_SPEED_TARGET,
-                    },
-                    {
-                        "target": f"CPU per record <= {BATCH_CPU_TARGET:g} x MM2",
-                        "value": cost,
-                        "met": None if cost is None else cost <= BATCH_CPU_TARGET,
-                    },
-                ],
+                "mm2py_record_records_per_s": rate,
+                "mm2py_record_vs_mm2": _ratio(rate, mm2.get("records_per_s")),
+                "mm2py_record_cpu_s_per_m_records": cpu,
+                "mm2py_record_cpu_vs_mm2": _ratio(cpu, mm2.get("cpu_s_per_m_records")),
             }
         )
+    for workload, figures in workloads.items():
+        figures["mm2py_targets"] = mm2py_targets(workload, figures)
     beyond = [
         f"{system} on {workload}: {line['records_per_s']} > {limit['records_per_s']}"
         for (system, workload), line in by.items()

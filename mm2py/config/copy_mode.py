@@ -7,8 +7,6 @@ choice out; no I/O):
   obstacle's key and what to do.
 - `auto`, the default, gets the batch copier when nothing stands in its way, else the
   record copier, with the obstacle as the reason (`CopyChoice.reason`, logged at start).
-  Until the integration suite passes with batch pass-through as the default
-  (`AUTO_PASSES_BATCHES`), `auto` gets the record copier, and says so.
 
 An obstacle is a guarantee or a setting the batch copier cannot keep:
 - exactly-once (the batch copier produces idempotently, outside transactions);
@@ -37,12 +35,6 @@ RAW_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 RAW_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 # TLS material the raw clients cannot load: they read PEM files only.
 _INLINE_TLS_KEYS = ("ssl.ca.pem", "ssl.certificate.pem", "ssl.key.pem", "ssl.keystore.location")
-
-# Whether `auto` may choose the batch copier. Not yet: with it the integration suite
-# showed gaps of the batch copier (a refused login, lag while paused, a batch too large
-# for the target, records deleted while paused: docs/design/batch-passthrough.md).
-AUTO_PASSES_BATCHES = False
-NOT_YET = "auto copies records until batch pass-through is the default (issue 29)"
 
 
 @dataclass(frozen=True)
@@ -98,8 +90,6 @@ def choose(
         raise BatchRefused(flow, obstacle)
     if obstacle is not None:
         return CopyChoice("record", f"{obstacle.key}: {obstacle.why}")
-    if mode == "auto" and not AUTO_PASSES_BATCHES:
-        return CopyChoice("record", NOT_YET)
     return CopyChoice("batch")
 
 

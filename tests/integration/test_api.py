@@ -104,7 +104,7 @@ def test_pause_stops_reading_and_resume_continues_without_gap_or_duplicate(
         assert shown.returncode == 0, shown.stderr
         lines = shown.stdout.splitlines()
         assert "health: NOT READY" in lines
-        assert "A->B  PAUSED  lag 60 records  at-least-once, record copier" in lines
+        assert "A->B  PAUSED  lag 60 records  at-least-once, batch copier" in lines
         assert any(line.split()[:4] == [remote, "2", "100", "60"] for line in lines)
 
         # The short form A-B names the same flow.

@@ -1,5 +1,5 @@
-"""The daemon with ``replication.copy.mode = batch`` (issue 29, at-least-once): the source's
-batches passed through as they are, against real brokers.
+"""The daemon passing the source's batches through as they are (issue 29, at-least-once:
+the default mode, auto, or ``replication.copy.mode = batch``), against real brokers.
 
 Four source topics: zstd-compressed, uncompressed, transactional with aborted transactions
 (lz4, two producers interleaved), and LogAppendTime (zstd: every batch goes record by record
@@ -195,7 +195,8 @@ def test_batch_mode_copies_batches_identically_with_exact_syncs(
             cluster_a,
             cluster_b,
             f"{unique}-.*",
-            **{"replication.copy.mode": "batch", "groups": f"{unique}-.*"},
+            # No replication.copy.mode: the default, auto, passes batches through.
+            groups=f"{unique}-.*",
         )
     )
     with running_daemon(config) as daemon:
@@ -220,7 +221,7 @@ def test_batch_mode_copies_batches_identically_with_exact_syncs(
         metrics = daemon.metrics()
         assert daemon.stop()[0] == 0
         log_text = daemon.log()
-    assert "flow A->B copies record batches as they are (replication.copy.mode = batch)" in (
+    assert "flow A->B copies record batches as they are (replication.copy.mode = auto)" in (
         log_text
     )
     assert "now copying batches of" in log_text

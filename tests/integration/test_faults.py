@@ -7,8 +7,9 @@ have:
 
 - exactly-once (`B.exactly.once.source.support = enabled`): every record exactly once,
   in order per partition;
-- at-least-once (the key absent): no record lost (repeats allowed, and counted), also
-  with batch pass-through forced (`replication.copy.mode = batch`);
+- at-least-once (the key absent): no record lost (repeats allowed, and counted), in the
+  default mode (batch pass-through) and with the record copier forced
+  (`replication.copy.mode = record`);
 
 and no node may have crashed (died of a signal the scenario did not send; such a node
 is restarted so that the counts are still found, and named in the report).
@@ -50,10 +51,11 @@ def _run(
 @pytest.mark.parametrize(
     "copy_mode",
     [
+        # The default mode, batch pass-through (mm2py.config.copy_mode): the broker faults
+        # and the zombie are what its raw clients must survive.
         pytest.param(None, id="default"),
-        # Batch pass-through forced: the broker faults and the zombie are what its raw
-        # clients must survive, as the record copier does.
-        pytest.param("batch", id="batch"),
+        # The record copier, which flows that need per-record work get.
+        pytest.param("record", id="record"),
     ],
 )
 def test_at_least_once_loses_nothing_under_kills_broker_loss_and_a_zombie(

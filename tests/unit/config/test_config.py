@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mm2py.config import ConfigError, FlowSettings, MirrorConfig, copy_mode, load_config
+from mm2py.config import ConfigError, FlowSettings, MirrorConfig, load_config
 from mm2py.config.client_props import parse_jaas
 from mm2py.config.properties import parse_properties
 
@@ -63,11 +63,8 @@ def test_example_config_values() -> None:
 
 def test_defaults_are_mm2s(tmp_path: Path) -> None:
     settings = load(tmp_path, BASE + "A->B.enabled = true\n").flow("A", "B").settings
-    # With MM2's defaults nothing keeps the flow from batch pass-through but that it is
-    # not the default yet (copy_mode).
-    assert settings == FlowSettings.model_validate({}).resolved(
-        copier="record", copier_reason=copy_mode.NOT_YET
-    )
+    # With MM2's defaults nothing keeps the flow from batch pass-through (copy_mode).
+    assert settings == FlowSettings.model_validate({}).resolved(copier="batch")
     assert settings.topics == [".*"]
     assert settings.topics_exclude == ["mm2.*\\.internal", ".*\\.replica", "__.*"]
     assert settings.groups == [".*"]
@@ -423,4 +420,4 @@ def test_replication_copy_mode_per_flow(tmp_path: Path) -> None:
     a_to_b = config.flow("A", "B").settings
     b_to_a = config.flow("B", "A").settings
     assert (a_to_b.replication_copy_mode, a_to_b.copies_batches) == ("record", False)
-    assert (b_to_a.replication_copy_mode, b_to_a.copies_batches) == ("auto", False)
+    assert (b_to_a.replication_copy_mode, b_to_a.copies_batches) == ("auto", True)

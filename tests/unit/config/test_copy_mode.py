@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mm2py.config import ConfigError, copy_mode, load_config
+from mm2py.config import ConfigError, load_config
 from mm2py.config.copy_mode import raw_connection_problem
 
 BASE = (
@@ -73,12 +73,6 @@ OBSTACLES = [
         "PEM files only",
     ),
 ]
-
-
-@pytest.fixture(autouse=True)
-def auto_passes_batches(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests are of the choice `auto` makes once it may pass batches through."""
-    monkeypatch.setattr(copy_mode, "AUTO_PASSES_BATCHES", True)
 
 
 def load(tmp_path: Path, extra: str) -> tuple[str, str]:
@@ -149,16 +143,3 @@ def test_raw_connection_problem_names_the_key() -> None:
     )
     assert raw_connection_problem({"security.protocol": "SSL", "ssl.keystore.location": "k.p12"})
     assert raw_connection_problem({"security.protocol": "PLAINTEXT", "ssl.ca.pem": "x"}) is None
-
-
-def test_auto_copies_records_until_pass_through_is_the_default(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(copy_mode, "AUTO_PASSES_BATCHES", False)
-    assert load(tmp_path, "") == ("record", copy_mode.NOT_YET)
-    assert load(tmp_path, "B.producer.compression.type = zstd\n")[1].startswith(
-        "B.producer.compression.type: "
-    )
-    path = tmp_path / "mm2.properties"
-    path.write_text(BASE + "A->B.replication.copy.mode = batch\n")
-    assert load_config(path).flow("A", "B").settings.copier == "batch"
