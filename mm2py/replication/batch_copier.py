@@ -29,8 +29,11 @@ thread, mm2py.kafka.raw_clients) for all its partitions:
   and its latency and record age spread from its base to its max timestamp.
 - A position outside the log (`OffsetOutOfRange`) continues from the log start, counting
   the offsets below it as deleted before they were copied (`PartitionStats.skipped`).
-  A batch or record the target rejects (`BatchRejected`, a delivery error) stops its
-  partition, naming it, as the record copier does. Any other fetch or produce that fails
+  A batch the target refuses as too large goes record by record; a batch or record the
+  target rejects otherwise (`BatchRejected`, a delivery error) stops its partition,
+  naming it (of records refused together, the largest), as the record copier does.
+  Paused, the copier reads nothing (fetches already out are dropped) and measures lag
+  from the source's high watermarks. Any other fetch or produce that fails
   for good raises (`RawPartitionError`): the part restarts from its progress (records
   after it may be copied twice, as at-least-once allows).
 """
@@ -68,6 +71,7 @@ log = logging.getLogger(__name__)
 RECORDS_TIMEOUT = 60.0
 CONSUME_CHUNK = 500
 WATERMARK_TIMEOUT = 10.0
+PAUSED_LAG_TIMEOUT = 1.0
 
 
 @dataclass
@@ -528,7 +532,9 @@ class BatchCopier:
 
     def update_lag(self) -> None:
         """Lag is measured at each fetch (its high watermark); while paused, when nothing
-        is fetched, from the source's high watermark of each partition (a request each)."""
+        is fetched, from the source's high watermark of each partition (a request each;
+        a source that does not answer within PAUSED_LAG_TIMEOUT ends the pass, so that
+        resuming and stopping are not held up)."""
         if not self.paused:
             return
         for part in list(self._partitions.values()):
@@ -537,10 +543,10 @@ class BatchCopier:
                 continue
             try:
                 _, high = self.consumer.get_watermark_offsets(
-                    state.source_tp, timeout=WATERMARK_TIMEOUT, cached=False
+                    state.source_tp, timeout=PAUSED_LAG_TIMEOUT, cached=False
                 )
             except KafkaException:
-                continue  # unknown for now; measured again in a second
+                return  # unknown for now; measured again in a second
             state.stats.lag = max(int(high) - part.position, 0)
 
     def commit_progress(self, wait_until: float | None = None) -> None:
