@@ -30,6 +30,7 @@ from confluent_kafka.admin._resource import ResourceType
 from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.config.rules import group_id
 from mm2py.kafka import clients
+from mm2py.kafka.group_describe import describe_groups
 from mm2py.kafka.topics import await_partitions, ensure_internal_topic
 from mm2py.runtime.assignment import (
     CLASSIC_HEARTBEAT_INTERVAL_MS,
@@ -172,23 +173,22 @@ class MemberPart(Part):
                 # it has joined once the group lists it.
                 if not self.joined and time.monotonic() >= next_check:
                     next_check = time.monotonic() + JOIN_CHECK_INTERVAL
-                    self.joined = self._listed(admin, consumer.memberid())
+                    self.joined = self._listed(consumer.memberid())
         finally:
             self.joined = False
             self._give_up(self.owned)  # tasks stopped and flushed before the group hears of it
             consumer.close()
 
-    def _listed(self, admin: AdminClient, member_id: str | None) -> bool:
-        """Whether the group counts `member_id` among its members now."""
+    def _listed(self, member_id: str | None) -> bool:
+        """Whether the group counts `member_id` among its members now (described over
+        Kafka's protocol: librdkafka's describe aborts the process if the coordinator's
+        connection drops, as it does while the target's broker restarts)."""
         if not member_id:
             return False
         timeout = min(self.flow.settings.admin_timeout, JOIN_CHECK_INTERVAL * 2)
-        try:
-            future = admin.describe_consumer_groups([self.group], request_timeout=timeout)
-            described = clients.admin_result(future[self.group], timeout)
-        except KafkaException:
-            return False
-        return any(m.member_id == member_id for m in described.members)
+        described = describe_groups(self.target.librdkafka("admin"), [self.group], timeout)
+        found = described.groups.get(self.group)
+        return found is not None and any(m.member_id == member_id for m in found.members)
 
     def _consumer_props(self) -> dict[str, str]:
         props = dict(self.target.librdkafka("consumer"))

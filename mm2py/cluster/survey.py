@@ -15,11 +15,9 @@ import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from confluent_kafka import KafkaException
-
 from mm2py.cluster.member import MemberPart, NodeId
 from mm2py.cluster.view import FlowCluster, Member, flow_cluster
-from mm2py.kafka import clients
+from mm2py.kafka.group_describe import describe_groups
 from mm2py.runtime.status import FlowStatus
 
 log = logging.getLogger(__name__)
@@ -34,22 +32,20 @@ class SurveyError(Exception):
 
 def group_members(member: MemberPart, timeout: float) -> list[Member]:
     """The mm2py members of the flow's group with the tasks each owns."""
-    admin = clients.admin_client(member.target.librdkafka("admin"))
-    try:
-        future = admin.describe_consumer_groups([member.group], request_timeout=timeout)
-        described = clients.admin_result(future[member.group], timeout)
-    except KafkaException as exc:
+    described = describe_groups(member.target.librdkafka("admin"), [member.group], timeout)
+    group = described.groups.get(member.group)
+    if group is None:
+        why = described.failures.get(member.group, "no answer")
         raise SurveyError(
-            f"cannot describe group {member.group} on cluster {member.flow.target}: "
-            f"{clients.error_text(exc)}"
-        ) from None
+            f"cannot describe group {member.group} on cluster {member.flow.target}: {why}"
+        )
     found: list[Member] = []
-    for m in described.members:
-        node = NodeId.parse(m.client_id or "")
+    for m in group.members:
+        node = NodeId.parse(m.client_id)
         if node is None:
             continue
-        assigned = m.assignment.topic_partitions if m.assignment else []
-        found.append(Member(node, [tp.partition for tp in assigned if tp.topic == member.topic]))
+        tasks = [p for topic, p in m.assignment if topic == member.topic]
+        found.append(Member(node, tasks))
     return found
 
 

@@ -3,27 +3,26 @@
 Used by the checkpoint part and by translate-offsets. Reading calls log a group they
 cannot read and leave it out (one unreadable group must not stop the others);
 `commit_group_offsets` raises, since its caller decides what a refused commit means.
+
+No call here sends librdkafka's admin requests to a group coordinator (ListConsumerGroup-
+Offsets, DescribeConsumerGroups, AlterConsumerGroupOffsets): librdkafka aborts the process
+in them when the coordinator answers NOT_COORDINATOR or its connection drops, as happens
+while a broker restarts. Offsets are read and committed by a consumer of the group that
+never joins it; groups are described over Kafka's protocol (mm2py.kafka.group_describe).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
-from confluent_kafka import (
-    ConsumerGroupState,
-    ConsumerGroupTopicPartitions,
-    KafkaError,
-    KafkaException,
-    TopicPartition,
-)
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from mm2py.kafka import clients
+from mm2py.kafka import clients, group_describe
 from mm2py.kafka.clients import ADMIN_TIMEOUT, admin_result
 
 log = logging.getLogger(__name__)
@@ -31,9 +30,6 @@ log = logging.getLogger(__name__)
 # How many groups' committed offsets are read at once (a consumer, so a librdkafka
 # instance, each).
 READERS = 8
-
-# The group states in which a group has no members (DEAD: unknown to the cluster).
-IDLE_GROUP_STATES = frozenset({ConsumerGroupState.EMPTY, ConsumerGroupState.DEAD})
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,55 +119,64 @@ def read_committed(
 
 
 def describe_groups(
-    admin: AdminClient,
+    props: Mapping[str, str],
     groups: Iterable[str],
     cluster_alias: str,
     timeout: float = ADMIN_TIMEOUT,
 ) -> dict[str, GroupActivity]:
-    """State and member count of each group; groups that cannot be described are left out.
+    """State and member count of each group; groups that cannot be described are logged
+    and left out. Described over Kafka's protocol (mm2py.kafka.group_describe), as
+    librdkafka's DescribeConsumerGroups can abort the process.
 
     A group that is rebalancing counts as having members.
     """
-    wanted = list(groups)
-    if not wanted:
-        return {}
+    described = group_describe.describe_groups(props, list(groups), timeout)
+    for group, why in sorted(described.failures.items()):
+        log.error("describing group %s on cluster %s: %s", group, cluster_alias, why)
     out: dict[str, GroupActivity] = {}
-    futures = admin.describe_consumer_groups(wanted, request_timeout=timeout)
-    for group, desc in _answers(futures, "describing", cluster_alias, timeout):
-        members = len(desc.members or [])
-        if desc.state not in IDLE_GROUP_STATES:
+    for group, desc in described.groups.items():
+        members = len(desc.members)
+        if not desc.idle:
             members = max(members, 1)  # rebalancing: treat as active
-        out[group] = GroupActivity(desc.state.name, members)
+        out[group] = GroupActivity(desc.state, members)
     return out
 
 
-def _answers(
-    futures: Mapping[str, Future[Any]], doing: str, cluster_alias: str, timeout: float
-) -> Iterator[tuple[str, Any]]:
-    """(group, result) of each request that succeeded; the others are logged."""
-    for group, future in futures.items():
-        try:
-            result = admin_result(future, timeout)
-        except KafkaException as exc:
-            log.error("%s group %s on cluster %s: %s", doing, group, cluster_alias, exc)
-            continue
-        yield group, result
-
-
 def commit_group_offsets(
-    admin: AdminClient,
+    consumer_props: Mapping[str, str],
     group: str,
     offsets: Mapping[tuple[str, int], CommittedOffset],
     timeout: float = ADMIN_TIMEOUT,
 ) -> None:
-    """Set `group`'s offsets of these partitions (raises KafkaException)."""
+    """Set `group`'s offsets of these partitions (raises KafkaException).
+
+    Committed by a consumer of the group that never joins it: the OffsetCommit the admin
+    API's AlterConsumerGroupOffsets sends (no generation, no member, so the broker takes
+    it only while the group has no members), without librdkafka's admin request to the
+    coordinator, which can abort the process (mm2py.kafka.group_describe).
+    """
     partitions = [_topic_partition(t, p, c) for (t, p), c in sorted(offsets.items())]
     if not partitions:
         return
-    request = [ConsumerGroupTopicPartitions(group, partitions)]
-    result = admin.alter_consumer_group_offsets(request, request_timeout=timeout)[group]
-    done = admin_result(result, timeout)
-    failed = [tp for tp in done.topic_partitions or [] if tp.error is not None]
+    answers: list[tuple[KafkaError | None, list[TopicPartition]]] = []
+    consumer = clients.consumer(
+        consumer_props,
+        {"group.id": group, "on_commit": lambda err, parts: answers.append((err, parts))},
+    )
+    try:
+        consumer.commit(offsets=partitions, asynchronous=True)
+        deadline = time.monotonic() + timeout
+        while not answers and time.monotonic() < deadline:
+            consumer.poll(0.1)  # serves the commit's callback
+    finally:
+        consumer.close()
+    if not answers:
+        late = KafkaError(KafkaError._TIMED_OUT, f"commit not answered within {timeout:.0f} s")
+        raise KafkaException(late)
+    error, done = answers[0]
+    if error is not None:
+        raise KafkaException(error)
+    failed = [tp for tp in done if tp.error is not None]
     if failed:
         raise KafkaException(failed[0].error)
 

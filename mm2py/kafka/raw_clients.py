@@ -105,9 +105,10 @@ class _ExpectedTrouble(logging.Filter):
     update and a topic missing from metadata (a deleted source topic) to DEBUG: the
     sessions retry these or fail naming the cluster and partition, and the daemon reports
     reachability and deleted topics itself, so they are not mm2py errors. A filter on
-    aiokafka's own loggers, installed when this module (the one user of aiokafka) is
-    imported, so that every process that copies batches has it, however its logging is
-    configured; lowering their level would not do, as these lines are logged at ERROR."""
+    aiokafka's own loggers, installed when this module (which every user of aiokafka
+    imports) is imported, so that every process that uses aiokafka has it, however its
+    logging is configured; lowering their level would not do, as these lines are logged
+    at ERROR."""
 
     PREFIXES = (
         "Unable connect to",

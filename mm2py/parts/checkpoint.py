@@ -425,7 +425,9 @@ class CheckpointPart(FlowPart):
         """Commit checkpoints to idle groups on the target, only moving them forward."""
         flow = self.flow
         candidates = sorted(g for g in self.groups if self.store.groups.get(g))
-        activity = describe_groups(self._target_admin, candidates, flow.target, self.admin_timeout)
+        activity = describe_groups(
+            self.target.librdkafka("admin"), candidates, flow.target, self.admin_timeout
+        )
         idle = [g for g in candidates if g in activity and activity[g].idle]
         current = read_committed(
             self.target.librdkafka("consumer"),
@@ -442,7 +444,10 @@ class CheckpointPart(FlowPart):
                 continue
             try:
                 commit_group_offsets(
-                    self._target_admin, group, _committed(wanted), self.admin_timeout
+                    self.target.librdkafka("consumer"),
+                    group,
+                    _committed(wanted),
+                    self.admin_timeout,
                 )
             except (KafkaException, TimeoutError) as exc:
                 # A consumer joined since the group was described: its position wins.

@@ -266,8 +266,8 @@ def _not_copied(
 
 
 def _refuse_active(config: MirrorConfig, flow: FlowConfig, groups: list[str]) -> None:
-    admin = clients.admin_client(config.cluster(flow.target).librdkafka("admin"))
-    found = describe_groups(admin, groups, flow.target, flow.settings.admin_timeout)
+    target = config.cluster(flow.target).librdkafka("admin")
+    found = describe_groups(target, groups, flow.target, flow.settings.admin_timeout)
     active = [
         f"{g} ({found[g].members} members)" for g in groups if g in found and not found[g].idle
     ]

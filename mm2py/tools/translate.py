@@ -474,8 +474,8 @@ def apply_offsets(config: MirrorConfig, report: Report, accept_inexact: bool = F
         return 0
     target = config.cluster(report.target)
     timeout = config.flow(report.source, report.target).settings.admin_timeout
-    admin = clients.admin_client(target.librdkafka("admin"))
-    activity = describe_groups(admin, [report.group], report.target, timeout).get(report.group)
+    found = describe_groups(target.librdkafka("admin"), [report.group], report.target, timeout)
+    activity = found.get(report.group)
     if activity is None:
         raise ApplyRefused(
             f"cannot tell whether group {report.group} has members on {report.target}: "
@@ -492,7 +492,7 @@ def apply_offsets(config: MirrorConfig, report: Report, accept_inexact: bool = F
         for row in report.rows
         if row.downstream_offset is not None and not _ahead_of_group(row)
     }
-    commit_group_offsets(admin, report.group, offsets, timeout)
+    commit_group_offsets(target.librdkafka("consumer"), report.group, offsets, timeout)
     report.applied = len(offsets)
     return len(offsets)
 
