@@ -346,23 +346,34 @@ def _described_by_librdkafka(
     futures = admin.describe_consumer_groups(groups, request_timeout=timeout)
     for group, future in futures.items():
         try:
-            desc = clients.admin_result(future, timeout)
+            out.groups[group] = from_librdkafka(clients.admin_result(future, timeout))
         except KafkaException as exc:
             out.failures[group] = clients.error_text(exc)
-            continue
-        out.groups[group] = GroupDescription(
-            group,
-            desc.state.name.title().replace("_", ""),
-            tuple(
-                GroupMember(
-                    m.member_id,
-                    m.client_id or "",
-                    tuple(
-                        (tp.topic, tp.partition)
-                        for tp in (m.assignment.topic_partitions if m.assignment else [])
-                    ),
-                )
-                for m in desc.members or []
-            ),
-        )
     return out
+
+
+# librdkafka's group states as the broker spells them
+_LIBRDKAFKA_STATES = {
+    "PREPARING_REBALANCING": "PreparingRebalance",
+    "COMPLETING_REBALANCING": "CompletingRebalance",
+}
+
+
+def from_librdkafka(desc: Any) -> GroupDescription:
+    """A librdkafka ConsumerGroupDescription as a GroupDescription."""
+    name = desc.state.name
+    return GroupDescription(
+        desc.group_id,
+        _LIBRDKAFKA_STATES.get(name, name.title()),
+        tuple(
+            GroupMember(
+                m.member_id,
+                m.client_id or "",
+                tuple(
+                    (tp.topic, tp.partition)
+                    for tp in (m.assignment.topic_partitions if m.assignment else None) or []
+                ),
+            )
+            for m in desc.members or []
+        ),
+    )
