@@ -168,6 +168,11 @@ class SessionBroker:
     def add_topic(self, _topic: str) -> None:
         pass
 
+    def move(self, tp: TP, node: int) -> None:
+        """`tp`'s leader is `node` now, as the next metadata update says."""
+        self.cluster.leaders[tp] = node
+        self.cluster.updated()
+
     def force_metadata_update(self) -> asyncio.Future[bool]:
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         done.set_result(True)
@@ -343,7 +348,7 @@ def test_a_leader_change_moves_the_partition_and_renews_the_session() -> None:
         await fetch_all(session, positions)
         broker.errors[("t", 1)] = NOT_LEADER
         failing = await fetch_all(session, positions)
-        broker.cluster.leaders[("t", 1)] = 2
+        broker.move(("t", 1), 2)
         return [failing, await fetch_all(session, positions), await fetch_all(session, positions)]
 
     failing, moved, idle = run(broker, steps)
@@ -364,9 +369,9 @@ def test_a_leader_that_leads_nothing_asked_loses_its_session() -> None:
 
     async def steps(session: FetchSession) -> None:
         await fetch_all(session, {("t", 0): 0, ("t", 1): 0})
-        broker.cluster.leaders[("t", 1)] = 1
+        broker.move(("t", 1), 1)
         await fetch_all(session, {("t", 0): 0, ("t", 1): 0})
-        broker.cluster.leaders[("t", 1)] = 2  # back: node 2 holds nothing of ours now
+        broker.move(("t", 1), 2)  # back: node 2 holds nothing of ours now
         await fetch_all(session, {("t", 0): 0, ("t", 1): 0})
 
     run(broker, steps)
@@ -411,3 +416,29 @@ def test_a_lost_fetch_or_a_pause_makes_the_next_full() -> None:
         (101, 1),  # dropped by the pause
         (101, 0),
     ]
+
+
+def test_leaders_are_looked_up_again_only_after_a_metadata_update() -> None:
+    broker = SessionBroker({("t", 0): 1, ("t", 1): 2}, {("t", 0): 0, ("t", 1): 0})
+    lookups: list[TP] = []
+    lookup = broker.cluster.leader_for_partition
+
+    def counted(tp: Any) -> int | None:
+        lookups.append((tp.topic, tp.partition))
+        return lookup(tp)
+
+    broker.cluster.leader_for_partition = counted  # type: ignore[method-assign]
+
+    async def steps(session: FetchSession) -> list[int]:
+        positions = {("t", 0): 0, ("t", 1): 0}
+        counts = []
+        for _ in range(3):
+            await fetch_all(session, positions)
+            counts.append(len(lookups))
+        broker.move(("t", 1), 1)
+        await fetch_all(session, positions)
+        counts.append(len(lookups))
+        return counts
+
+    assert run(broker, steps) == [2, 2, 2, 4]
+    assert broker.sent(1)[-1][2] == {("t", 1): 0}  # moved: new to node 1's session
