@@ -22,6 +22,7 @@ protocol layer (`AIOKafkaClient.send` with Fetch v11 and Produce v7 against Kafk
 - Per partition: retriable errors (leader change, lost broker) refresh metadata and are
   retried until `retry_timeout` without progress, then `RawPartitionError` names the
   partition; `OffsetOutOfRange` and `BatchRejected` are results of that partition alone.
+  A partition's leader is looked up once per metadata update (`_Session.leaders`).
 - A broker that cannot be connected to is asked (`ACCESS_PROBE_INTERVAL`) whether it
   refuses the login or the TLS handshake: `AccessRefused` then, at once, with the text
   the record copier gives (mm2py.kafka.clients.refused_access); retrying cannot fix it.
