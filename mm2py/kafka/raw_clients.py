@@ -7,6 +7,14 @@ protocol layer (`AIOKafkaClient.send` with Fetch v11 and Produce v7 against Kafk
   asked partitions (their own positions, `partition_max_bytes` each, `max_bytes` in all,
   the broker answering after `max_wait_ms` or once `min_bytes` are there). At most one
   request per broker is out; `prefetch` sends the next ones and returns at once.
+- Each leader is fetched in a KIP-227 incremental fetch session (`BrokerFetchSession`):
+  the first Fetch names all its partitions and creates the session; later ones name only
+  partitions new to it or asked from another position than the broker holds, and forget
+  those no longer asked. The broker answers only partitions with records, a moved high
+  watermark or log start offset, or an error: an idle partition is answered once, and
+  callers keep the watermarks of its last answer. A lost or refused Fetch, a session
+  error, a retriable partition error or a pause (`discard`) makes that leader's next
+  Fetch full (a new session); a partition whose leader moved is forgotten by the old one.
 - `IdempotentProduceSession` (target): one producer id; a sequence per partition. Several
   partitions' batches go in one Produce (acks=all) per leader, at most `MAX_IN_FLIGHT`
   batches of a partition out at a time (the broker dedupes a producer's last 5 per
@@ -14,6 +22,7 @@ protocol layer (`AIOKafkaClient.send` with Fetch v11 and Produce v7 against Kafk
 - Per partition: retriable errors (leader change, lost broker) refresh metadata and are
   retried until `retry_timeout` without progress, then `RawPartitionError` names the
   partition; `OffsetOutOfRange` and `BatchRejected` are results of that partition alone.
+  A partition's leader is looked up once per metadata update (`_Session.leaders`).
 - A broker that cannot be connected to is asked (`ACCESS_PROBE_INTERVAL`) whether it
   refuses the login or the TLS handshake: `AccessRefused` then, at once, with the text
   the record copier gives (mm2py.kafka.clients.refused_access); retrying cannot fix it.
@@ -267,6 +276,10 @@ class _Session:
         self.request_timeout_ms = request_timeout_ms
         self._client: Any = None
         self._topics: set[str] = set()
+        # each partition's known leader, forgotten at every metadata update: aiokafka's
+        # lookup costs ~1.1 us a partition, 2 ms for 2,000 at each of an idle copier's
+        # two prefetches a round (1% of a core at fetch.wait.max.ms 500)
+        self._leader_of: dict[TP, int] = {}
 
     def _aiokafka_client(self) -> Any:
         return AIOKafkaClient(
@@ -319,6 +332,7 @@ class _Session:
 
     async def open(self) -> None:
         self._client = self._client_factory()
+        self._client.cluster.add_listener(self._forget_leaders)
         try:
             await self._client.bootstrap()
         except CONNECTION_ERRORS as exc:
@@ -333,20 +347,27 @@ class _Session:
             client, self._client = self._client, None
             await client.close()
 
+    def _forget_leaders(self, _cluster: Any) -> None:
+        self._leader_of.clear()
+
     def leaders(self, tps: Sequence[TP]) -> tuple[dict[int, list[TP]], list[TP]]:
         """The partitions by leader node, and those whose leader is not known (for which
         a metadata refresh is asked)."""
         by_leader: dict[int, list[TP]] = {}
         unknown: list[TP] = []
+        known = self._leader_of
         for tp in tps:
-            if tp[0] not in self._topics:
-                self._topics.add(tp[0])
-                self._client.add_topic(tp[0])
-            leader = self._client.cluster.leader_for_partition(TopicPartition(*tp))
-            if leader is None or leader < 0:
-                unknown.append(tp)
-            else:
-                by_leader.setdefault(int(leader), []).append(tp)
+            leader = known.get(tp)
+            if leader is None:
+                if tp[0] not in self._topics:
+                    self._topics.add(tp[0])
+                    self._client.add_topic(tp[0])
+                found = self._client.cluster.leader_for_partition(TopicPartition(*tp))
+                if found is None or found < 0:
+                    unknown.append(tp)
+                    continue
+                leader = known[tp] = int(found)
+            by_leader.setdefault(leader, []).append(tp)
         if unknown:
             self._client.force_metadata_update()
         return by_leader, unknown
@@ -374,6 +395,128 @@ class _Session:
         )
 
 
+# KIP-227 (Kafka's FetchMetadata): a request with session id 0 has no session; epoch 0
+# (re)creates one, closing the session id sent, and epoch -1 asks for none.
+NO_SESSION = 0
+INITIAL_EPOCH = 0
+FINAL_EPOCH = -1
+MAX_EPOCH = (1 << 31) - 1  # the epoch after it is 1
+FETCH_SESSION_ID_NOT_FOUND = 70
+INVALID_FETCH_SESSION_EPOCH = 71
+SESSION_ERRORS = frozenset({FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH})
+
+
+@dataclass(frozen=True)
+class FetchPlan:
+    """What one Fetch to a leader sends (`send`, `forget`, the session id and epoch) and
+    the position each partition its answer may name is fetched from (`answers_for`)."""
+
+    session_id: int
+    epoch: int
+    send: dict[TP, int]
+    forget: list[TP]
+    answers_for: dict[TP, int]
+
+    @property
+    def full(self) -> bool:
+        return self.epoch in (INITIAL_EPOCH, FINAL_EPOCH)
+
+
+class BrokerFetchSession:
+    """The client's half of a KIP-227 incremental fetch session with one leader (Kafka's
+    FetchSessionHandler): the session id and epoch of its next Fetch, and which partitions
+    that Fetch names. No Kafka calls; `FetchSession` sends what `plan` says and reports
+    the answer with `answered` or `failed`. `incremental=False`: every Fetch is full and
+    sessionless (epoch -1), as aiokafka's own.
+
+    - A. `partitions` is what the broker's session holds once the last planned Fetch is
+      handled: each partition at the position it fetches from. The broker fetches a
+      partition not named from that position, and answers it only when it has records,
+      its high watermark or log start offset moved, or it has an error.
+    - B. At epoch 0 the next Fetch is full: it names every partition asked and creates a
+      session (closing `session_id`, if not 0). Past it, a Fetch names only partitions new
+      to the session or whose position differs from A's, and forgets those not asked.
+    - C. Whatever leaves the broker's state in doubt (no answer, a cancelled request, a
+      top-level or retriable partition error) sets epoch 0, so the next Fetch is full;
+      FETCH_SESSION_ID_NOT_FOUND also forgets the session id.
+    """
+
+    def __init__(self, incremental: bool = True) -> None:
+        self.incremental = incremental
+        self.session_id = NO_SESSION
+        self.epoch = INITIAL_EPOCH if incremental else FINAL_EPOCH
+        self.partitions: dict[TP, int] = {}
+
+    def plan(self, asked: Mapping[TP, int]) -> FetchPlan:
+        """The next Fetch for `asked` (partition: position); A holds once it is sent."""
+        if self.epoch in (INITIAL_EPOCH, FINAL_EPOCH):
+            self.partitions = dict(asked)
+            every = dict(asked)
+            return FetchPlan(self.session_id, self.epoch, every, [], every)
+        held = self.partitions
+        send = {tp: position for tp, position in asked.items() if held.get(tp) != position}
+        forget = [tp for tp in held if tp not in asked]
+        for tp in forget:
+            del held[tp]
+        held.update(send)
+        return FetchPlan(self.session_id, self.epoch, send, forget, dict(held))
+
+    def answered(self, session_id: int) -> None:
+        """The last Fetch was answered without a top-level or retriable error."""
+        if not self.incremental:
+            return
+        if session_id == NO_SESSION:  # none made (the broker's cache is full), or closed
+            self.session_id, self.epoch = NO_SESSION, INITIAL_EPOCH
+        elif self.epoch == INITIAL_EPOCH:
+            self.session_id, self.epoch = session_id, 1
+        else:
+            self.epoch = 1 if self.epoch == MAX_EPOCH else self.epoch + 1
+
+    def failed(self, code: int = 0) -> None:
+        """The last Fetch has no answer, or one with error `code` (0: a partition's or the
+        request's own): the next Fetch is full (C)."""
+        if not self.incremental:
+            return
+        if code == FETCH_SESSION_ID_NOT_FOUND:
+            self.session_id = NO_SESSION
+        self.epoch = INITIAL_EPOCH
+
+
+class _SessionFetchRequest(FetchRequest):  # type: ignore[misc]  # aiokafka is untyped
+    """aiokafka's FetchRequest with a `FetchPlan`'s session id, epoch and forgotten
+    partitions (aiokafka's own builder always sends session 0, epoch -1)."""
+
+    def __init__(self, plan: FetchPlan, *, partition_max_bytes: int, **kwargs: Any) -> None:
+        by_topic: dict[str, list[tuple[int, int, int]]] = {}
+        for (topic, partition), position in plan.send.items():
+            by_topic.setdefault(topic, []).append((partition, position, partition_max_bytes))
+        super().__init__(isolation_level=READ_COMMITTED, topics=list(by_topic.items()), **kwargs)
+        self.plan = plan
+
+    def build(self, request_struct_class: Any) -> Any:
+        if request_struct_class.API_VERSION < MIN_FETCH_VERSION:
+            return super().build(request_struct_class)  # its answer is refused (`_read`)
+        forgotten: dict[str, list[int]] = {}
+        for topic, partition in self.plan.forget:
+            forgotten.setdefault(topic, []).append(partition)
+        return request_struct_class(
+            -1,  # replica_id: a consumer
+            self._max_wait_ms,
+            self._min_bytes,
+            self._max_bytes,
+            self._isolation_level,
+            self.plan.session_id,
+            self.plan.epoch,
+            [
+                # current_leader_epoch and log_start_offset unknown (-1), as a consumer's
+                (topic, [(p, -1, position, -1, limit) for p, position, limit in partitions])
+                for topic, partitions in self.topics
+            ],
+            list(forgotten.items()),
+            "",  # rack_id
+        )
+
+
 class FetchSession(_Session):
     """Fetch raw batches of many source partitions at read_committed (see the module)."""
 
@@ -392,6 +535,7 @@ class FetchSession(_Session):
         client_factory: Callable[[], Any] | None = None,
         alias: str | None = None,
         probe: Callable[[str, int], Awaitable[Any]] | None = None,
+        incremental: bool = True,
     ) -> None:
         super().__init__(
             props,
@@ -401,12 +545,15 @@ class FetchSession(_Session):
             alias=alias,
             probe=probe,
         )
+        self.incremental = incremental
         self.max_wait_ms = max_wait_ms
         self.min_bytes = min_bytes
         self.partition_max_bytes = partition_max_bytes
         self.max_bytes = max_bytes
         # the request out to each leader: its task answers what it asked
         self._out: dict[int, asyncio.Task[tuple[dict[TP, int], Any]]] = {}
+        # the fetch session with each leader of partitions asked
+        self._sessions: dict[int, BrokerFetchSession] = {}
         self._failing_since: dict[TP, float] = {}
         self._backoff: dict[int, float] = {}
 
@@ -434,9 +581,12 @@ class FetchSession(_Session):
         """Drop the Fetches out, their answers unread (a paused copier reads nothing)."""
         for task in self._out.values():
             task.cancel()
-        for task in self._out.values():
+        for leader, task in self._out.items():
             with contextlib.suppress(BaseException):  # cancelled, or failed: dropped
                 await task
+            # the broker may have handled it, or not; an unread answer's watermarks are
+            # not sent again: the next Fetch is full
+            self._sessions[leader].failed()
         self._out.clear()
 
     async def prefetch(self, positions: Mapping[TP, int]) -> None:
@@ -445,16 +595,23 @@ class FetchSession(_Session):
         now = time.monotonic()
         for tp in unknown:
             self._failing_since.setdefault(tp, now)
+        for leader in [n for n in self._sessions if n not in by_leader and n not in self._out]:
+            # it leads none of the partitions asked: those left went with their leader
+            del self._sessions[leader]
         for leader, tps in by_leader.items():
             if leader not in self._out:
-                asked = {tp: positions[tp] for tp in tps}
-                self._out[leader] = asyncio.ensure_future(self._request(leader, asked))
+                session = self._sessions.get(leader)
+                if session is None:
+                    session = self._sessions[leader] = BrokerFetchSession(self.incremental)
+                plan = session.plan({tp: positions[tp] for tp in tps})
+                self._out[leader] = asyncio.ensure_future(self._request(leader, session, plan))
         self._check_deadlines(positions)
 
     async def fetch(self, positions: Mapping[TP, int]) -> dict[TP, Fetched | OffsetOutOfRange]:
         """What the next answers bring for `positions`: sends what `prefetch` sends, waits
         for at least one answer, and returns every answer in by then. Partitions that are
-        retrying, or whose answer was for another position, are left out."""
+        retrying, whose answer was for another position, or that the broker left out of an
+        incremental answer (nothing new: see the module), are left out."""
         await self.prefetch(positions)
         if not self._out:  # no leader known for any: wait for metadata
             await asyncio.sleep(RETRY_BACKOFF)
@@ -470,26 +627,38 @@ class FetchSession(_Session):
         self._check_deadlines(positions)
         return results
 
-    async def _request(self, leader: int, asked: dict[TP, int]) -> tuple[dict[TP, int], Any]:
-        """One Fetch to `leader`; a connection error is the answer, after a backoff."""
-        by_topic: dict[str, list[tuple[int, int, int]]] = {}
-        for (topic, partition), position in asked.items():
-            by_topic.setdefault(topic, []).append((partition, position, self.partition_max_bytes))
-        request = FetchRequest(
+    async def _request(
+        self, leader: int, session: BrokerFetchSession, plan: FetchPlan
+    ) -> tuple[dict[TP, int], Any]:
+        """One Fetch to `leader`, as `plan` says; answers the positions its partitions are
+        fetched from, and the answer (a connection error, after a backoff)."""
+        request = _SessionFetchRequest(
+            plan,
+            partition_max_bytes=self.partition_max_bytes,
             max_wait_time=self.max_wait_ms,
             min_bytes=self.min_bytes,
             max_bytes=self.max_bytes,
-            isolation_level=READ_COMMITTED,
-            topics=list(by_topic.items()),
         )
+        asked = plan.answers_for
         try:
             response: Any = await self._client.send(leader, request)
         except CONNECTION_ERRORS as exc:
             await self.check_access(leader)
             response = exc
+        session_error = not isinstance(response, BaseException) and (
+            response.error_code in SESSION_ERRORS
+        )
+        if session_error:
+            # the session was evicted or out of step: the next Fetch, full, at once
+            log.debug("fetch session with node %s: error %s", leader, response.error_code)
+            session.failed(response.error_code)
+            return asked, response
         if not _retriable_answer(response):
+            # below Fetch v7 there is no session id (and `_read` refuses the answer)
+            session.answered(getattr(response, "session_id", NO_SESSION))
             self._backoff.pop(leader, None)
             return asked, response
+        session.failed()
         # a lost broker or a leader change: wait, and ask again who leads, before the
         # answer is read (and the next request to this node sent)
         backoff = self._backoff.get(leader, RETRY_BACKOFF)
@@ -518,7 +687,9 @@ class FetchSession(_Session):
                 f"the broker answered Fetch v{response.API_VERSION}",
                 f"Raw batches need Fetch v{MIN_FETCH_VERSION} (Kafka 2.3 or newer)",
             )
-        if response.error_code:  # a top-level error (fetch sessions only; none is used)
+        if response.error_code in SESSION_ERRORS:
+            return  # no partition answered: the next Fetch, full, asks them all again
+        if response.error_code:
             for tp in asked:
                 self._failing_since.setdefault(tp, now)
             self._client.force_metadata_update()

@@ -85,6 +85,9 @@ class RawFetcher(_OnePartition):
             max_bytes=max_bytes,
             retry_timeout=retry_timeout,
             client_factory=client_factory,
+            # every call wants an answer, also at the end of the log, where an incremental
+            # session would answer nothing new; for one partition a full Fetch is as small
+            incremental=False,
         )
         super().__init__(props, topic, partition, self.session)
 

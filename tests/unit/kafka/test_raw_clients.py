@@ -36,6 +36,15 @@ class Cluster:
     def __init__(self, leaders: dict[TP, int]) -> None:
         self.leaders = leaders
         self.unauthorized_topics: set[str] = set()
+        self.listeners: list[Any] = []
+
+    def add_listener(self, listener: Any) -> None:
+        self.listeners.append(listener)
+
+    def updated(self) -> None:
+        """A metadata update: listeners are told, as aiokafka's ClusterMetadata tells them."""
+        for listener in self.listeners:
+            listener(self)
 
     def leader_for_partition(self, tp: Any) -> int | None:
         return self.leaders.get((tp.topic, tp.partition))
@@ -69,6 +78,7 @@ class Client:
         return 1
 
     def force_metadata_update(self) -> asyncio.Future[bool]:
+        self.cluster.updated()
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         done.set_result(True)
         return done

@@ -109,6 +109,10 @@ class FakeCluster:
     def __init__(self) -> None:
         self.leader = 1
         self.unauthorized_topics: set[str] = set()
+        self.listeners: list[Any] = []
+
+    def add_listener(self, listener: Any) -> None:
+        self.listeners.append(listener)
 
     def leader_for_partition(self, _tp: Any) -> int:
         return self.leader
@@ -146,6 +150,8 @@ class FakeClient:
         # as AIOKafkaClient's: a future, awaited or not
         self.refreshes += 1
         self.cluster.leader = self.failover_to
+        for listener in self.cluster.listeners:  # as aiokafka's ClusterMetadata does
+            listener(self.cluster)
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         done.set_result(True)
         return done

@@ -1,0 +1,109 @@
+"""The batch copier's FetchSession in KIP-227 incremental fetch sessions against a real
+broker: idle partitions are answered once and then left out, a partition that gets records
+after many idle Fetches is answered with them, and after the broker restarts (its sessions
+gone) fetching goes on from where it was, nothing skipped."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from mm2py.dev.launcher import LocalCluster
+from mm2py.kafka import clients
+from mm2py.kafka.raw_clients import Fetched, FetchSession
+from mm2py.kafka.record_batches import split_batches
+from tests.conftest import Clusters
+from tests.kafka_helpers import create_topic, end_offsets
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 4
+TP = tuple[str, int]
+
+
+def _produce(cluster: LocalCluster, topic: str, partition: int, count: int) -> None:
+    producer = clients.producer(cluster.client_properties(), {"linger.ms": 5})
+    for n in range(count):
+        producer.produce(topic, value=f"record {n}".encode(), partition=partition)
+    assert producer.flush(30) == 0
+
+
+class Reader:
+    """Fetches through one FetchSession and moves each partition's position past the
+    whole batches it is answered, keeping each partition's offsets and last answer."""
+
+    def __init__(self, session: FetchSession, topic: str) -> None:
+        self.session = session
+        self.positions: dict[TP, int] = {(topic, p): 0 for p in range(PARTITIONS)}
+        self.offsets: dict[TP, list[int]] = {tp: [] for tp in self.positions}
+        self.last: dict[TP, Fetched] = {}
+
+    async def fetch(self) -> dict[TP, Fetched]:
+        got = await self.session.fetch(dict(self.positions))
+        for tp, result in got.items():
+            assert isinstance(result, Fetched), (tp, result)
+            self.last[tp] = result
+            for batch in split_batches(result.records).batches:
+                header = batch.header
+                self.offsets[tp] += range(header.base_offset, header.last_offset + 1)
+                self.positions[tp] = header.last_offset + 1
+        return {tp: r for tp, r in got.items() if isinstance(r, Fetched)}
+
+    async def until_at(self, ends: dict[int, int], timeout: float) -> None:
+        """Fetch until every partition's position is its end."""
+        deadline = time.monotonic() + timeout
+        while any(self.positions[(t, p)] < ends[p] for t, p in self.positions):
+            assert time.monotonic() < deadline, (self.positions, ends)
+            await self.fetch()
+
+
+def test_idle_partitions_are_left_out_and_a_restart_loses_nothing(
+    clusters: Clusters, cluster_a: LocalCluster, unique: str
+) -> None:
+    topic = unique
+    create_topic(cluster_a, topic, PARTITIONS)
+    _produce(cluster_a, topic, 0, 50)
+    _produce(cluster_a, topic, 1, 30)
+
+    async def scenario() -> Reader:
+        session = FetchSession(cluster_a.client_properties(), max_wait_ms=100)
+        await session.open()
+        reader = Reader(session, topic)
+        try:
+            first: dict[TP, Fetched] = {}
+            deadline = time.monotonic() + 30
+            while not first:  # until the topic's leader is known
+                assert time.monotonic() < deadline
+                first = await reader.fetch()
+            # the full Fetch creating the session answers every partition
+            assert sorted(p for _, p in first) == list(range(PARTITIONS))
+            assert [first[(topic, p)].high_watermark for p in range(PARTITIONS)] == [50, 30, 0, 0]
+            await reader.until_at({0: 50, 1: 30, 2: 0, 3: 0}, timeout=30)
+            # at the end of every partition: incremental answers name none of them
+            idle = [await reader.fetch() for _ in range(10)]
+            assert idle == [{}] * 10
+
+            await asyncio.to_thread(_produce, cluster_a, topic, 3, 20)
+            await reader.until_at({0: 50, 1: 30, 2: 0, 3: 20}, timeout=30)
+            assert reader.last[(topic, 3)].high_watermark == 20
+
+            # the broker restarts: its sessions are gone
+            await asyncio.to_thread(clusters.kafka.stop, "A")
+            stopped = [await reader.fetch() for _ in range(3)]
+            assert stopped == [{}] * 3
+            await asyncio.to_thread(clusters.kafka.start, "A")
+            await asyncio.to_thread(_produce, cluster_a, topic, 2, 25)
+            await asyncio.to_thread(_produce, cluster_a, topic, 0, 5)
+            await reader.until_at({0: 55, 1: 30, 2: 25, 3: 20}, timeout=90)
+            return reader
+        finally:
+            await session.close()
+
+    reader = asyncio.run(scenario())
+    ends = end_offsets(cluster_a, topic)
+    assert ends == {0: 55, 1: 30, 2: 25, 3: 20}
+    for (_, p), offsets in reader.offsets.items():
+        assert offsets == list(range(ends[p])), p  # each once, in order, none skipped
+    assert {p: f.high_watermark for (_, p), f in reader.last.items()} == ends
