@@ -36,7 +36,7 @@ SHORT_CONSUMER_SESSIONS = {
 TUNED = {"G": SHORT_CONSUMER_SESSIONS}
 
 
-# Under pytest-xdist (`make test` runs two workers), each worker has clusters of its own:
+# Under pytest-xdist (`make test` runs three workers), each worker has clusters of its own:
 # worker N's ports moved up by (N + 1) x WORKER_PORT_STEP, clear of clusters already
 # running on the default ports (`make demo`'s), and a state folder of its own.
 WORKER_PORT_STEP = 100
