@@ -13,8 +13,10 @@ restart, so groups are described here with aiokafka's protocol layer:
   no group) is asked with DescribeGroups, whose members' assignments are decoded from the
   classic consumer protocol's bytes. A broker without ConsumerGroupDescribe (before
   Kafka 4.0) is asked only DescribeGroups. An unknown group is `Dead` with no members.
-- A coordinator that moved, is loading or cannot be reached is asked again until the
-  deadline; then the group is a failure with the cluster's last answer.
+- A coordinator that moved, is loading or cannot be reached is asked again, backing off
+  as the raw clients do, until the deadline; then the group is a failure with the
+  cluster's last answer. No attempt outlasts the deadline: `describe_groups` returns
+  within its timeout (plus the connection's close).
 
 A connection aiokafka cannot make (mm2py.config.copy_mode.raw_connection_problem: a
 GSSAPI or OAUTHBEARER login, inline PEM or PKCS#12 TLS material) is described through
@@ -52,13 +54,17 @@ from aiokafka.protocol.types import (
 from confluent_kafka import KafkaException
 
 from mm2py.kafka import clients
-from mm2py.kafka.raw_clients import CONNECTION_ERRORS, RawLoop, client_settings
-
-TP = tuple[str, int]
+from mm2py.kafka.raw_clients import (
+    CONNECTION_ERRORS,
+    MAX_RETRY_BACKOFF,
+    RETRY_BACKOFF,
+    TP,
+    RawLoop,
+    client_settings,
+)
 
 GROUP_COORDINATOR = 0  # FindCoordinator's key type for a group
 GROUP_ID_NOT_FOUND = 69
-RETRY_BACKOFF = 0.2
 IDLE_STATES = frozenset({"empty", "dead"})
 
 
@@ -138,14 +144,19 @@ async def _describe_all(settings: dict[str, Any], groups: list[str], timeout: fl
 async def _describe_one(client: Any, group: str, deadline: float) -> GroupDescription | str:
     """The group's description, or why there is none by `deadline`."""
     last = "no answer"
+    backoff = RETRY_BACKOFF
     while True:
         try:
-            node = await client.coordinator_lookup(GROUP_COORDINATOR, group)
-            answer = await _ask_coordinator(client, node, group)
+            answer = await asyncio.wait_for(
+                _find_and_ask(client, group), max(deadline - time.monotonic(), 0.0)
+            )
+        # The deadline in the middle of an attempt raises TimeoutError, one of the
+        # CONNECTION_ERRORS: the check below then ends the loop.
         except (*CONNECTION_ERRORS, aiokafka_errors.KafkaError) as exc:
             if not _retriable(exc):
                 return _text(exc)
-            last = _text(exc)
+            if time.monotonic() < deadline:  # else cut by the deadline: keep what came before
+                last = _text(exc)
         else:
             if isinstance(answer, GroupDescription):
                 return answer
@@ -153,9 +164,15 @@ async def _describe_one(client: Any, group: str, deadline: float) -> GroupDescri
             if not _retriable(aiokafka_errors.for_code(code)()):
                 return text
             last = text
-        if time.monotonic() + RETRY_BACKOFF >= deadline:
+        if time.monotonic() + backoff >= deadline:
             return f"no description in time; last: {last}"
-        await asyncio.sleep(RETRY_BACKOFF)
+        await asyncio.sleep(backoff)
+        backoff = min(backoff * 2, MAX_RETRY_BACKOFF)
+
+
+async def _find_and_ask(client: Any, group: str) -> GroupDescription | tuple[int, str]:
+    node = await client.coordinator_lookup(GROUP_COORDINATOR, group)
+    return await _ask_coordinator(client, node, group)
 
 
 async def _ask_coordinator(
