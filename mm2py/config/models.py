@@ -468,6 +468,12 @@ class FlowConfig(BaseModel):
         """The Connect offsets topic on the target: offset.storage.topic or MM2's default."""
         return self.settings.offset_storage_topic or f"mm2-offsets.{self.source}.internal"
 
+    @property
+    def mirrormaker2_configs_topic(self) -> str:
+        """The Connect config topic MM2's dedicated mode keeps on the target for this flow
+        (MM2's default name; mm2py has none): there when MM2 ran the flow."""
+        return f"mm2-configs.{self.source}.internal"
+
 
 class MirrorConfig(BaseModel):
     """A whole mm2py configuration: clusters and every ordered pair of them."""

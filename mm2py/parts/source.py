@@ -11,8 +11,9 @@ exact: mm2py.replication.offset_syncs.
 Exactly-once (the flow's ``exactly_once`` setting is not off): the task's producer
 is transactional, with the task's id (`transactional_id`). Before anything is read,
 `init_transactions` fences the task's previous owner (a node that died or was cut
-off, whose open transaction it aborts) and the tasks of an earlier ``tasks.max``
-that this split has no task for; only then is the progress read, past transactions
+off, whose open transaction it aborts), the tasks of an earlier ``tasks.max``
+that this split has no task for and, in task 0, MM2's tasks of the flow when MM2 ran
+it (`_fence_mirrormaker2`); only then is the progress read, past transactions
 still open, so it is the committed progress the task continues from. A record the
 target rejects aborts the transaction; the loop starts again from the last commit
 without that partition (stopped, as at-least-once stops it).
@@ -24,10 +25,10 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from mm2py.config import ClusterConfig, FlowConfig
 from mm2py.kafka import clients
@@ -47,7 +48,7 @@ from mm2py.replication.client_settings import (
 from mm2py.replication.committers import PartitionRejected, RunUnproven, Transactions
 from mm2py.replication.copier import Copier
 from mm2py.replication.copy_loop import CopyLoop, OffsetResetLog
-from mm2py.replication.exactly_once import transactional_id
+from mm2py.replication.exactly_once import mirrormaker2_transactional_id, transactional_id
 from mm2py.replication.offset_syncs import OffsetSyncWriter, ensure_offset_syncs_topic
 from mm2py.replication.progress import ProgressStore, SourcePartition
 from mm2py.replication.schemas import SchemaTranslator, translator_for
@@ -202,7 +203,10 @@ class SourcePart(FlowPart):
                 error_cb=target_watch,
             )
             producer.init_transactions(transactions.INIT_TIMEOUT)  # fences the previous owner
-            self._fence_earlier_splits(target_admin, target_props)
+            topics = target_admin.list_topics(timeout=rules.settings.admin_timeout).topics
+            self._fence_earlier_splits(topics, target_props)
+            if self.slot.id == 0:
+                self._fence_mirrormaker2(topics, target_props)
             txns = Transactions(
                 flow.settings.transaction_boundary_interval_ms / 1000,
                 txn_log,
@@ -418,12 +422,14 @@ class SourcePart(FlowPart):
         flow = self.flow
         return transactional_id(flow.settings.cluster_group_prefix, flow.source, flow.target, task)
 
-    def _fence_earlier_splits(self, target_admin: Any, target_props: Mapping[str, str]) -> None:
+    def _fence_earlier_splits(
+        self, topics: Collection[str], target_props: Mapping[str, str]
+    ) -> None:
         """Fence the tasks of earlier ``tasks.max`` values that this split has no task for
         (their transactional ids; the others are the ids of this split's tasks, which
-        fence them when they start). The earlier splits are known by their tasks topics."""
+        fence them when they start). The earlier splits are known by their tasks topics
+        among the target's `topics`."""
         count = self.slot.count
-        topics = target_admin.list_topics(timeout=self.rules.settings.admin_timeout).topics
         earlier = [n for n in task_counts(topics, self.flow.source) if n > count]
         ids = [self.transactional_id(t) for t in range(count, max(earlier, default=count))]
         if ids:
@@ -434,6 +440,37 @@ class SourcePart(FlowPart):
                 ", ".join(str(n) for n in sorted(earlier)),
             )
             transactions.fence(target_props, ids)
+
+    def _fence_mirrormaker2(self, topics: Collection[str], target_props: Mapping[str, str]) -> None:
+        """Fence MM2's tasks of this flow when MM2 ran it (its config topic is among the
+        target's `topics`): a transaction MM2 left open (killed mid-copy) is aborted now,
+        not after its transaction.timeout.ms (Connect's 60 s), which read_committed readers
+        of the remote topics would wait out; an MM2 still copying the flow stops. Its tasks
+        are at most ``tasks.max`` (as in a config file both run). A target that refuses
+        (no ACL for MM2's ids) or does not answer leaves MM2's transactions to time out."""
+        flow = self.flow
+        if flow.mirrormaker2_configs_topic not in topics:
+            return
+        count = max(flow.settings.tasks_max, self.slot.count)
+        ids = [mirrormaker2_transactional_id(flow.source, t) for t in range(count)]
+        log.info(
+            "flow %s: MirrorMaker 2 ran this flow (%s is on cluster %s): fencing its tasks' "
+            "transactional ids %s",
+            flow.name,
+            flow.mirrormaker2_configs_topic,
+            flow.target,
+            ", ".join(ids),
+        )
+        try:
+            transactions.fence(target_props, ids)
+        except KafkaException as exc:
+            log.warning(
+                "flow %s: could not fence MirrorMaker 2's tasks (%s): a transaction MM2 left"
+                " open is aborted by cluster %s only after its transaction.timeout.ms",
+                flow.name,
+                exc.args[0].str() if exc.args else exc,
+                flow.target,
+            )
 
     def _open_sync_writer(self, source_admin: Any, target_admin: Any) -> OffsetSyncWriter | None:
         rules = self.rules

@@ -15,7 +15,8 @@ A target that gives no answer, or refuses the login, is not judged here: the dae
 own checks report those (mm2py.kafka.access, the parts' reachability).
 
 `transactional_id` names the transactional id of a task, as Connect names its tasks'
-(``<group>-<connector>-<task>``).
+(``<group>-<connector>-<task>``); `mirrormaker2_transactional_id` names the id of
+MM2's own task, which mm2py's tasks fence when they take over a flow from MM2.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
+from mm2py.compat.formats import SOURCE_CONNECTOR_NAME
 from mm2py.config import ClusterConfig, ConfigError, FlowConfig, MirrorConfig
 from mm2py.config.rules import group_id
 from mm2py.kafka import clients
@@ -74,6 +76,14 @@ def transactional_id(prefix: str, source: str, target: str, task: int | str) -> 
     and moves, so a task's new owner fences the previous one; ``task = "probe"`` is the
     start-up check's."""
     return f"{group_id(prefix, source, target)}-{task}"
+
+
+def mirrormaker2_transactional_id(source: str, task: int) -> str:
+    """The transactional id of task `task` of MM2's source connector for flows from
+    `source`, in MM2's dedicated mode with exactly-once: Connect's
+    ``<worker group>-<connector>-<task>``, the worker group MM2's default ``<source>-mm2``
+    (MirrorMakerConfig.workerConfig; a ``group.id`` set for the target is not followed)."""
+    return f"{source}-mm2-{SOURCE_CONNECTOR_NAME}-{task}"
 
 
 class _QuietLog:

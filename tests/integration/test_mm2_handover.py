@@ -26,6 +26,7 @@ from mm2py.dev.mirrormaker import (
     mm2_properties,
     render_properties,
 )
+from mm2py.replication.exactly_once import mirrormaker2_transactional_id
 from tests.daemon_harness import running_daemon
 from tests.kafka_helpers import (
     RECENT_MS,
@@ -134,6 +135,13 @@ def _committed_count(cluster: LocalCluster, topic: str) -> int:
         return 0
 
 
+def _committed_per_partition(cluster: LocalCluster, topic: str) -> dict[int, int]:
+    counts = dict.fromkeys(range(PARTITIONS), 0)
+    for rec in read_all(cluster, topic):  # read_committed, up to each stable offset
+        counts[rec.partition] += 1
+    return counts
+
+
 def _assert_exactly_once_copy(a: LocalCluster, b: LocalCluster, topic: str) -> None:
     """Once production stopped: B's remote topic, read read_committed, has every committed
     record of A's topic exactly once, in order per partition (nothing aborted)."""
@@ -157,12 +165,20 @@ Mode = Literal["at-least-once", "exactly-once"]
 
 
 def _eos_configs(
-    tmp_path: Path, a: LocalCluster, b: LocalCluster, topic: str, mm2py_mode: Mode
+    tmp_path: Path,
+    a: LocalCluster,
+    b: LocalCluster,
+    topic: str,
+    mm2py_mode: Mode,
+    **extra: str,
 ) -> tuple[Path, Path]:
     """(MM2's file, mm2py's file): MM2's asks for exactly-once; mm2py runs the very same
-    file in exactly-once mode, else that file without the exactly-once keys."""
+    file in exactly-once mode, else that file without the exactly-once keys. `extra`
+    keys go into both."""
     eos = exactly_once_settings("A", "B")
-    props = mm2_properties("A", a.bootstrap_servers, "B", b.bootstrap_servers, topic, **eos)
+    props = mm2_properties(
+        "A", a.bootstrap_servers, "B", b.bootstrap_servers, topic, **eos, **extra
+    )
     mm2 = tmp_path / "mm2-eos.properties"
     mm2.write_text(render_properties(props))
     if mm2py_mode == "exactly-once":
@@ -176,8 +192,9 @@ def _eos_configs(
 
 MM2PY_MODES: list[Mode] = ["at-least-once", "exactly-once"]
 # MM2 copies in transactions: its source task's producer (Connect's id for it,
-# <worker group>-<connector>-<task>) is transactional.
-MM2_TRANSACTIONAL = "transactional.id = A-mm2-MirrorSourceConnector-0"
+# <worker group>-<connector>-<task>, the id mm2py fences when it takes the flow over)
+# is transactional.
+MM2_TRANSACTIONAL = f"transactional.id = {mirrormaker2_transactional_id('A', 0)}"
 
 
 @pytest.mark.parametrize("mm2py_mode", MM2PY_MODES)
@@ -245,33 +262,53 @@ def test_mirrormaker2_in_exactly_once_mode_continues_where_mm2py_stopped(
             _assert_exactly_once_copy(cluster_a, cluster_b, unique)
 
 
-# A writer killed mid-transaction leaves it open; the next writer has another
-# transactional id (MM2's and mm2py's differ), so it cannot fence it: the brokers abort
-# it after the dead writer's transaction.timeout.ms (60 s, Connect's and mm2py's), and
-# until then read_committed readers of the remote topic wait at that transaction.
+# A writer killed mid-transaction leaves it open, and read_committed readers of the
+# remote topic wait at it until it ends. mm2py fences MM2's tasks when it takes a flow
+# over from MM2 (mm2py.parts.source), which aborts it at once. MM2 does not know
+# mm2py's transactional ids: after mm2py is killed, the brokers abort its open
+# transaction after its transaction.timeout.ms (60 s, Connect's and mm2py's).
 AFTER_KILL_TIMEOUT = 150
+# MM2's transactions in the test of mm2py after MM2: one every 5 s, so that one is open
+# when MM2 is killed (MM2's default, a transaction per poll, commits within milliseconds:
+# the kill would rarely find one open), and ten minutes before the brokers abort it, far
+# beyond that test's 90 s, so that only the fencing can end it. MM2's dedicated mode
+# gives its connectors the flow's keys (A->B.), not top-level ones like these.
+LONG_TRANSACTIONS = {
+    "A->B.transaction.boundary": "interval",
+    "A->B.transaction.boundary.interval.ms": "5000",
+    "B.producer.transaction.timeout.ms": "600000",
+}
 
 
 def test_mm2py_in_exactly_once_mode_continues_after_mirrormaker2_is_killed(
     cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
 ) -> None:
     create_topic(cluster_a, unique, partitions=PARTITIONS)
-    config, _same = _eos_configs(tmp_path, cluster_a, cluster_b, unique, "exactly-once")
+    config, _same = _eos_configs(
+        tmp_path, cluster_a, cluster_b, unique, "exactly-once", **LONG_TRANSACTIONS
+    )
     remote = f"A.{unique}"
     with LiveProducer(cluster_a, {unique: PARTITIONS}, LIVE_RATE, LIVE_TRANSACTIONS) as producer:
         producer.wait_committed(200)
         with RealMirrorMaker(config, tmp_path / "mm2") as mm2:
             mm2.wait_replicating(unique)
             mm2.wait_for_log(MM2_TRANSACTIONAL, timeout=5)
+            mm2.wait_for_log("transaction.timeout.ms = 600000", timeout=5)
             wait_until(lambda: _committed_count(cluster_b, remote) >= 200, timeout=90)
             mm2.kill()  # SIGKILL while copying: a transaction open, progress in it
-        handed_over = _committed_count(cluster_b, remote)
+        handed_over = _committed_per_partition(cluster_b, remote)
         with running_daemon(config) as daemon:
+            # Each partition: one the open transaction wrote to shows nothing past it
+            # until the transaction ends.
             wait_until(
-                lambda: _committed_count(cluster_b, remote) >= handed_over + 200,
-                timeout=AFTER_KILL_TIMEOUT,
+                lambda: all(
+                    count >= handed_over[p] + 50
+                    for p, count in _committed_per_partition(cluster_b, remote).items()
+                ),
+                timeout=90,
                 interval=1.0,
-                what="mm2py copying after MM2 was killed",
+                what="mm2py copying to every partition after MM2 was killed (its open"
+                " transaction fenced)",
             )
             producer.stop()
             _assert_exactly_once_copy(cluster_a, cluster_b, unique)
