@@ -48,12 +48,11 @@ docker-engine:
 	command -v dockerd >/dev/null && command -v debootstrap >/dev/null || ($(SUDO) apt-get update \
 		&& $(SUDO) apt-get install -y --no-install-recommends docker.io debootstrap)
 
-# Three pytest workers (pytest-xdist; each starts clusters of its own on ports of its own,
-# takes a module at a time, or the modules that share a cluster together, the longest
-# first: tests/conftest.py, docs/tests.md), then alone the tests that measure time against
-# a bound or another observer (marker `serial`).
+# Two pytest workers (pytest-xdist; each starts clusters of its own on ports of its own:
+# docs/tests.md), then alone the tests that measure time against a bound or another
+# observer (marker `serial`).
 test: jars prometheus docker-engine lint
-	$(BIN)/pytest -q -ra -n 3 --dist loadfile --no-loadscope-reorder -m "not serial" --durations=25
+	$(BIN)/pytest -q -ra -n 2 --dist loadfile -m "not serial" --durations=25
 	$(BIN)/pytest -q -ra -m serial --durations=5
 
 bench: jars

@@ -17,7 +17,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -37,7 +36,7 @@ SHORT_CONSUMER_SESSIONS = {
 TUNED = {"G": SHORT_CONSUMER_SESSIONS}
 
 
-# Under pytest-xdist (`make test` runs three workers), each worker has clusters of its own:
+# Under pytest-xdist (`make test` runs two workers), each worker has clusters of its own:
 # worker N's ports moved up by (N + 1) x WORKER_PORT_STEP, clear of clusters already
 # running on the default ports (`make demo`'s), and a state folder of its own.
 WORKER_PORT_STEP = 100
@@ -53,70 +52,30 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["MM2PY_TEST_CLUSTERS"] = f"{clusters_state_dir()}-{worker}"
 
 
-# Modules that use a cluster only they need run on one worker, so that it starts once in
-# the run rather than once per worker: a broker's start costs about 10 CPU-s, and it
-# idles at about 2% of a core after (docs/tests.md). The others go a module at a time, as
-# `--dist loadfile` sends them (`pytest_xdist_make_scheduler`; pytest-xdist's own
-# `loadgroup` does not group on pytest 9.2, pytest-xdist issue 1386).
-CLUSTER_GROUPS = {
-    "test_heartbeats.py": "clusters-C",
-    "test_topologies.py": "clusters-C",
-    "test_unreachable.py": "clusters-C",
-    "test_secured.py": "clusters-D-E",
-    "test_sync.py": "clusters-D-E",
-    "test_local_clusters.py": "clusters-D-E",
-    "test_exactly_once_check.py": "clusters-D-E",
-}
-# The groups that take minutes (`pytest -n 3 --durations=0`, 2026-11-28), longest first:
-# they start first (`--no-loadscope-reorder` keeps this order; by default pytest-xdist
-# puts the groups with the most tests first), so that no worker is left with one of them
-# at the end while the others idle.
-LONGEST_GROUPS = (
-    "test_mm2_handover.py",
+# The modules that take minutes (pytest --durations, 2026-11-26/27), longest first: under
+# xdist they start first, so that no worker is left with one of them at the end while
+# the other idles.
+LONGEST_MODULES = (
     "test_faults.py",
-    "test_backfill.py",
-    "test_cluster.py",
-    "clusters-D-E",
-    "clusters-C",
-    "test_exactly_once.py",
-    "test_failover_command.py",
-    "test_failover.py",
-    "test_backfill_cluster.py",
-    "test_schema_registry.py",
-    "test_checkpoints.py",
     "test_docker.py",
-    "test_source.py",
+    "test_cluster.py",
+    "test_mm2_handover.py",
+    "test_backfill.py",
+    "test_failover.py",
+    "test_exactly_once.py",
     "test_api.py",
 )
 
 
-def _group(path: str) -> str:
-    """The work unit of a test module (its path, or its cluster group)."""
-    return CLUSTER_GROUPS.get(path.rsplit("/", 1)[-1], path)
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class ByModuleAndCluster(LoadFileScheduling):  # type: ignore[misc]
-        def _split_scope(self, nodeid: str) -> str:
-            return _group(nodeid.split("::", 1)[0])
-
-    return ByModuleAndCluster(config, log)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Collection happens in the workers (which see no `-n`: pytest-xdist unsets it there).
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # one process: the order the suite has always run in
+    if not config.getoption("numprocesses", None):
+        return  # one process (make test): the order the suite has always run in
 
     def rank(item: pytest.Item) -> int:
-        name = CLUSTER_GROUPS.get(item.path.name, item.path.name)
-        return LONGEST_GROUPS.index(name) if name in LONGEST_GROUPS else len(LONGEST_GROUPS)
+        name = item.path.name
+        return LONGEST_MODULES.index(name) if name in LONGEST_MODULES else len(LONGEST_MODULES)
 
-    items.sort(key=rank)  # stable: the order within a group and among the rest is kept
+    items.sort(key=rank)  # stable: the order within a module and among the rest is kept
 
 
 class Clusters:
