@@ -211,9 +211,7 @@ class Daemon:
         probe.start()
         if self.stats:
             SPARES.prime()
-        for sup in self.parts:
-            if not sup.once_per_flow:  # the others start with task 0
-                sup.part.start()
+        self._start_parts()
         try:
             while not self._stopping.wait(SUPERVISE_INTERVAL):
                 with self._control:
@@ -223,6 +221,17 @@ class Daemon:
             self._stop_parts()
             probe.stop()
             server.stop()
+
+    def _start_parts(self) -> None:
+        """Start the members and the parts every node runs (the once-per-flow parts start
+        with task 0). A member can be given tasks before the others have started: its
+        thread then adds and starts their parts (`_tasks_assigned`), which waits for the
+        control lock held here and is not in the copy of the list this goes over, so no
+        task is started twice (two processes copying the same partitions)."""
+        with self._control:
+            for sup in list(self.parts):
+                if not sup.once_per_flow:
+                    sup.part.start()
 
     def _add_members(self, node: NodeId) -> None:
         self.metrics.registry.register(NodeCollector(node, self._member_parts))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from mm2py.config import FlowConfig
+from mm2py.daemon import supervisor
 from mm2py.daemon.supervisor import Daemon, Supervised
 from mm2py.runtime.part import Part
 from tests.unit.daemon.conftest import offline_daemon
@@ -87,3 +89,93 @@ def test_a_part_paused_by_stopping_is_not_restarted_until_resumed(daemon: Daemon
     part.resume()
     assert part.second_run.wait(5) and part.running
     part.stop()
+
+
+class CountedTask(Part):
+    """Stands in for a TaskPart (whose start spawns a task process): counts its starts."""
+
+    name = "source"
+
+    def __init__(
+        self,
+        flow: FlowConfig,
+        source: object,
+        target: object,
+        metrics: object,
+        slot: object,
+        stats: object,
+    ) -> None:
+        super().__init__(flow, metrics)  # type: ignore[arg-type]
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        super().start()
+
+    def run(self) -> None:
+        self.stopping.wait()
+
+
+class AssignedAtOnce(Part):
+    """A member the group gives task 0 as soon as it starts, on a thread of its own."""
+
+    name = "member"
+
+    def __init__(self, flow: FlowConfig, daemon: Daemon) -> None:
+        super().__init__(flow, daemon.metrics)
+        self.daemon = daemon
+
+    def start(self) -> None:
+        assign = functools.partial(self.daemon._tasks_assigned, self.flow, 1, {0})
+        threading.Thread(target=assign, daemon=True).start()
+        super().start()
+
+    def run(self) -> None:
+        self.stopping.wait()
+
+
+class SlowToStart(Part):
+    """A part whose start takes until the task's part is in the daemon's list (or 1 s),
+    as starting the other members did on a busy machine."""
+
+    name = "member"
+
+    def __init__(self, flow: FlowConfig, daemon: Daemon) -> None:
+        super().__init__(flow, daemon.metrics)
+        self.daemon = daemon
+
+    def start(self) -> None:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and not _tasks_of(self.daemon):
+            time.sleep(0.01)
+        super().start()
+
+    def run(self) -> None:
+        self.stopping.wait()
+
+
+def _tasks_of(daemon: Daemon) -> list[CountedTask]:
+    return [s.part for s in list(daemon.parts) if isinstance(s.part, CountedTask)]
+
+
+def test_a_task_assigned_while_the_daemon_starts_its_members_is_started_once(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fan-in test found a flow's records twice on its target: the daemon's start-up went
+    over the list of parts that a member's assignment had just added to, and started the
+    task it had already started (two task processes copying the same partitions)."""
+    monkeypatch.setattr(supervisor, "TaskPart", CountedTask)
+    flow = daemon.flows[0]
+    member, other = AssignedAtOnce(flow, daemon), SlowToStart(flow, daemon)
+    daemon.parts = [Supervised(member), Supervised(other)]
+    daemon._start_parts()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not _tasks_of(daemon):
+        time.sleep(0.01)
+    tasks = _tasks_of(daemon)
+    try:
+        assert len(tasks) == 1 and tasks[0].starts == 1
+        assert tasks[0].running
+    finally:
+        for part in (member, other, *tasks):
+            part.stop()
