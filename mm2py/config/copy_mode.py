@@ -8,8 +8,8 @@ choice out; no I/O):
 - `auto`, the default, gets the batch copier when nothing stands in its way, else the
   record copier, with the obstacle as the reason (`CopyChoice.reason`, logged at start).
 
-An obstacle is a guarantee or a setting the batch copier cannot keep:
-- exactly-once (the batch copier produces idempotently, outside transactions);
+An obstacle is a guarantee or a setting the batch copier cannot keep (exactly-once is
+not one: it writes raw batches in transactions, mm2py.kafka.raw_transactions):
 - schema-id translation (`schema.registry.sync.enabled` rewrites each record's value);
 - `compression.type` set for the target's producer: passed-through batches keep the
   source's codec, where the record copier compresses as asked;
@@ -109,11 +109,6 @@ def batch_obstacle(
     shown: Mapping[str, str],
 ) -> Obstacle | None:
     """The first thing that keeps the flow from the batch copier, or None."""
-    if settings.exactly_once != "off":
-        return Obstacle(
-            settings.exactly_once_key,
-            "the flow is exactly-once, which batch pass-through does not give yet",
-        )
     if settings.schema_registry_sync_enabled:
         key = "schema.registry.sync.enabled"
         return Obstacle(

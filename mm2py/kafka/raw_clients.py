@@ -152,6 +152,11 @@ class OffsetOutOfRange(RawPartitionError):
     delete_records, or past the end of a truncated or recreated partition)."""
 
 
+class ProducerFenced(RawPartitionError):
+    """Another producer took this one's transactional id over (a newer epoch): nothing
+    it sends or commits is taken any more."""
+
+
 class BatchRejected(RawPartitionError):
     """The target refused a batch for what it holds (too large, invalid, not authorised),
     not for the producer's state: sending it again cannot succeed. `too_large`: larger
@@ -820,10 +825,23 @@ class IdempotentProduceSession(_Session):
         self.producer_id = -1
         self.producer_epoch = -1
         self.sequences: dict[TP, int] = {}
+        # Set by a transactional session (mm2py.kafka.raw_transactions): batches then go
+        # with the transactional bit and the id.
+        self.transactional_id: str | None = None
+
+    async def _before_produce(self, tps: Sequence[TP]) -> None:
+        """What must happen before batches of `tps` are produced (a transactional
+        session adds them to its transaction)."""
 
     async def open(self) -> None:
         await super().open()
         await self._init_producer_id()
+
+    def fenced_message(self, cause: str) -> str:
+        return (
+            f"the producer of transactional id {self.transactional_id} on {self.bootstrap} "
+            f"was fenced ({cause}): another producer with that id took over"
+        )
 
     async def _init_producer_id(self) -> None:
         deadline = time.monotonic() + self.retry_timeout
@@ -865,8 +883,10 @@ class IdempotentProduceSession(_Session):
         """Produce each partition's PASS batches in order: the target base offset of each,
         or `BatchRejected` for a partition whose batch the target refused (the batches
         before it may be on the target)."""
+        await self._before_produce([tp for tp, items in batches.items() if items])
         pending: dict[TP, _Pending] = {}
         now = time.monotonic()
+        transactional = self.transactional_id is not None
         for tp, items in batches.items():
             if not items:
                 continue
@@ -876,7 +896,7 @@ class IdempotentProduceSession(_Session):
                 payloads.append(
                     bytes(
                         rewrite_for_produce(
-                            batch, self.producer_id, self.producer_epoch, sequence, False
+                            batch, self.producer_id, self.producer_epoch, sequence, transactional
                         )
                     )
                 )
@@ -967,7 +987,7 @@ class IdempotentProduceSession(_Session):
                 (partition, pending[(topic, partition)].payloads[index])
             )
         request = ProduceRequest(
-            transactional_id=None,
+            transactional_id=self.transactional_id,
             required_acks=ACKS_ALL,
             timeout=self.request_timeout_ms,
             topics=list(by_topic.items()),
@@ -987,6 +1007,8 @@ class IdempotentProduceSession(_Session):
                     out[tp] = base_offset
                 elif error.retriable:
                     out[tp] = _Retriable(error.__name__)
+                elif code in FENCED:
+                    out[tp] = ProducerFenced(self.fenced_message(error.__name__))
                 else:
                     failed = self.error(
                         "produce", [tp], error.__name__, PRODUCE_ADVICE.get(code, ADVICE)
@@ -1016,6 +1038,7 @@ def _requests(
 
 
 ADVICE = "Not retriable; see the broker's log"
+FENCED = frozenset({47, 90})  # INVALID_PRODUCER_EPOCH, PRODUCER_FENCED
 # CORRUPT_MESSAGE, MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE, TOPIC_AUTHORIZATION_FAILED,
 # INVALID_TIMESTAMP, INVALID_RECORD: the batch itself is refused (`BatchRejected`).
 REJECTIONS = frozenset({2, 10, 18, 29, 32, 87})

@@ -37,9 +37,11 @@ from mm2py.kafka.raw_clients import (
     IdempotentProduceSession,
     RawCopyClients,
 )
+from mm2py.kafka.raw_transactions import RawTransactionalClients, TransactionalProduceSession
 from mm2py.parts.discovery import TopicChanges, TopicDiscovery
 from mm2py.replication import transactions
 from mm2py.replication.batch_copier import BatchCopier
+from mm2py.replication.batch_transactions import RawTransactions
 from mm2py.replication.client_settings import (
     CONSUMER_REQUIRED,
     PRODUCER_REQUIRED,
@@ -48,7 +50,12 @@ from mm2py.replication.client_settings import (
 from mm2py.replication.committers import PartitionRejected, RunUnproven, Transactions
 from mm2py.replication.copier import Copier
 from mm2py.replication.copy_loop import CopyLoop, OffsetResetLog
-from mm2py.replication.exactly_once import mirrormaker2_transactional_id, transactional_id
+from mm2py.replication.exactly_once import (
+    mirrormaker2_transactional_id,
+    mirrormaker2_worker_group,
+    refusal,
+    transactional_id,
+)
 from mm2py.replication.offset_syncs import OffsetSyncWriter, ensure_offset_syncs_topic
 from mm2py.replication.progress import ProgressStore, SourcePartition
 from mm2py.replication.schemas import SchemaTranslator, translator_for
@@ -194,7 +201,26 @@ class SourcePart(FlowPart):
         )
         target_watch = self._access_watch(self.target, target_props)
         txns: Transactions | None = None
-        if self.exactly_once:
+        raw = (
+            self._raw_clients(source_props, target_props) if flow.settings.copies_batches else None
+        )
+        if self.exactly_once and isinstance(raw, RawTransactionalClients):
+            # The raw producer writes the transactions; the record path's producer only
+            # learns of new remote topics (TopicDiscovery) and writes nothing.
+            producer = self._plain_producer(target_props, target_watch)
+            raw.open()  # InitProducerId: fences the previous owner
+            try:
+                self._fence_others(target_admin, target_props)
+                txns = Transactions(
+                    flow.settings.transaction_boundary_interval_ms / 1000,
+                    writer=RawTransactions(raw),
+                    when_caught_up=flow.settings.commit_when_caught_up,
+                )
+                stored = progress.load(EXACTLY_ONCE_LOAD_TIMEOUT, past_open_transactions=True)
+            except BaseException:
+                raw.close()
+                raise
+        elif self.exactly_once:
             producer, txn_log = transactions.transactional_producer(
                 target_props,
                 PRODUCER_TUNING,
@@ -203,10 +229,7 @@ class SourcePart(FlowPart):
                 error_cb=target_watch,
             )
             producer.init_transactions(transactions.INIT_TIMEOUT)  # fences the previous owner
-            topics = target_admin.list_topics(timeout=rules.settings.admin_timeout).topics
-            self._fence_earlier_splits(topics, target_props)
-            if self.slot.id == 0:
-                self._fence_mirrormaker2(topics, target_props)
+            self._fence_others(target_admin, target_props)
             txns = Transactions(
                 flow.settings.transaction_boundary_interval_ms / 1000,
                 txn_log,
@@ -214,10 +237,7 @@ class SourcePart(FlowPart):
             )
             stored = progress.load(EXACTLY_ONCE_LOAD_TIMEOUT, past_open_transactions=True)
         else:
-            settings = copy_settings(
-                target_props, PRODUCER_TUNING, PRODUCER_REQUIRED, f"cluster {flow.target} producer"
-            )
-            producer = clients.producer(target_props, {**settings, "error_cb": target_watch})
+            producer = self._plain_producer(target_props, target_watch)
             stored = progress.load()
         syncs = self._open_sync_writer(source_admin, target_admin)
         self._access_failure = None
@@ -257,10 +277,8 @@ class SourcePart(FlowPart):
             chosen.replication_copy_mode,
             f"; {chosen.copier_reason}" if chosen.copier_reason else "",
         )
-        if chosen.copies_batches:
-            loop = self._batch_copier(
-                source_props, target_props, consumer, producer, progress, syncs, stored
-            )
+        if raw is not None:
+            loop = self._batch_copier(raw, consumer, producer, progress, syncs, stored, txns)
         else:
             loop = self._record_copier(
                 consumer, producer, progress, syncs, stored, txns, failed, target_props, schemas
@@ -325,26 +343,55 @@ class SourcePart(FlowPart):
             schemas=schemas,
         )
 
+    def _plain_producer(self, target_props: Mapping[str, str], watch: Any) -> Any:
+        """The at-least-once producer of the target (idempotent, not transactional)."""
+        settings = copy_settings(
+            target_props, PRODUCER_TUNING, PRODUCER_REQUIRED, f"cluster {self.flow.target} producer"
+        )
+        return clients.producer(target_props, {**settings, "error_cb": watch})
+
+    def _fence_others(self, target_admin: Any, target_props: Mapping[str, str]) -> None:
+        """Exactly-once, once this task's own id is initialised: fence the ids of earlier
+        splits' tasks this one has no successor for, and (task 0) MM2's."""
+        topics = target_admin.list_topics(timeout=self.rules.settings.admin_timeout).topics
+        self._fence_earlier_splits(topics, target_props)
+        if self.slot.id == 0:
+            self._fence_mirrormaker2(topics, target_props)
+
+    def _raw_clients(
+        self, source_props: Mapping[str, str], target_props: Mapping[str, str]
+    ) -> RawCopyClients:
+        """The batch copier's raw clients (not open yet): exactly-once, their producer
+        writes transactions with this task's transactional id."""
+        flow = self.flow
+        fetch = FetchSession.like_consumer(source_props, alias=flow.source)
+        if not self.exactly_once:
+            return RawCopyClients(
+                fetch, IdempotentProduceSession(target_props, alias=flow.target), flow.name
+            )
+        session = TransactionalProduceSession(
+            target_props,
+            self.transactional_id(self.slot.id),
+            transaction_timeout_ms=transactions.TRANSACTION_TIMEOUT_MS,
+            alias=flow.target,
+        )
+        return RawTransactionalClients(fetch, session, flow.name)
+
     def _batch_copier(
         self,
-        source_props: Mapping[str, str],
-        target_props: Mapping[str, str],
+        raw: RawCopyClients,
         consumer: Any,
         producer: Any,
         progress: ProgressStore,
         syncs: OffsetSyncWriter | None,
         stored: Mapping[SourcePartition, int],
+        txns: Transactions | None,
     ) -> BatchCopier:
         """The batch copier (the loader's choice where nothing keeps a flow from it:
         mm2py.config.copy_mode), with the record path's consumer and producer for
-        batches that must go record by record."""
+        batches that must go record by record (exactly-once, their records go through
+        the raw transactional producer)."""
         flow = self.flow
-
-        raw = RawCopyClients(
-            FetchSession.like_consumer(source_props, alias=flow.source),
-            IdempotentProduceSession(target_props, alias=flow.target),
-            flow.name,
-        )
         return BatchCopier(
             flow.name,
             flow.target,
@@ -357,6 +404,7 @@ class SourcePart(FlowPart):
             raw,
             poll_timeout=self.rules.settings.consumer_poll_timeout,
             on_partition_failed=self.errors.inc,
+            transactions=txns,
         )
 
     def _copy(self, loop: Copier, found: queue.SimpleQueue[TopicChanges]) -> None:
@@ -461,16 +509,27 @@ class SourcePart(FlowPart):
             flow.target,
             ", ".join(ids),
         )
-        try:
-            transactions.fence(target_props, ids)
-        except KafkaException as exc:
-            log.warning(
-                "flow %s: could not fence MirrorMaker 2's tasks (%s): a transaction MM2 left"
-                " open is aborted by cluster %s only after its transaction.timeout.ms",
-                flow.name,
-                exc.args[0].str() if exc.args else exc,
-                flow.target,
-            )
+        for tid in ids:
+            try:
+                transactions.fence(target_props, [tid])
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                why = (
+                    refusal(
+                        err, flow.target, target_props, mirrormaker2_worker_group(flow.source), tid
+                    ).reason
+                    if isinstance(err, KafkaError)
+                    else str(exc)
+                )
+                log.warning(
+                    "flow %s: could not fence MirrorMaker 2's tasks: %s; a transaction MM2"
+                    " left open is aborted by cluster %s only after its"
+                    " transaction.timeout.ms",
+                    flow.name,
+                    why,
+                    flow.target,
+                )
+                return
 
     def _open_sync_writer(self, source_admin: Any, target_admin: Any) -> OffsetSyncWriter | None:
         rules = self.rules

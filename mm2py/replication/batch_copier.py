@@ -1,5 +1,5 @@
-"""The batch copier (``replication.copy.mode = batch``, at-least-once): the source's record
-batches passed through as they are, compressed bytes untouched. Issue 29;
+"""The batch copier (``replication.copy.mode = batch``, at-least-once or exactly-once): the
+source's record batches passed through as they are, compressed bytes untouched. Issue 29;
 docs/design/batch-passthrough.md.
 
 Contract, on the one thread that owns the copier, with one `RawCopyClients` (one event-loop
@@ -24,9 +24,16 @@ thread, mm2py.kafka.raw_clients) for all its partitions:
   the target.
 - Offset syncs follow `SyncRule` (a batch's first record where the distance changes, the
   position past markers and aborted batches, the latest one at each progress write);
-  progress, syncs and the statistics go through the `AtLeastOnce` committer, as the
-  record copier's do. A PASS batch counts its records, its bytes as stored (compressed),
-  and its latency and record age spread from its base to its max timestamp.
+  progress, syncs and the statistics go through the committer of the flow's delivery
+  mode, as the record copier's do. A PASS batch counts its records, its bytes as stored
+  (compressed), and its latency and record age spread from its base to its max timestamp.
+- Exactly-once: the raw clients are `RawTransactionalClients` with the task's
+  transactional id; a round that fetched batches opens a transaction (`records_read`),
+  the committer commits it with the progress at its interval (`RawTransactions`), and
+  counts and syncs wait for the commit. RECORDS batches are read on the record path but
+  produced by the raw producer, in batches built for them, inside the transaction. A
+  round that fails aborts the open transaction (`Committer.fail`), as nothing proves
+  what its failed produce left in it.
 - A position outside the log (`OffsetOutOfRange`) continues from the log start, counting
   the offsets below it as deleted before they were copied (`PartitionStats.skipped`).
   A batch the target refuses as too large goes record by record; a batch or record the
@@ -49,6 +56,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from mm2py.kafka.raw_clients import BatchRejected, Fetched, OffsetOutOfRange, RawCopyClients
+from mm2py.kafka.raw_transactions import RawTransactionalClients
 from mm2py.kafka.record_batches import (
     Classified,
     Decision,
@@ -58,7 +66,7 @@ from mm2py.kafka.record_batches import (
     split_batches,
 )
 from mm2py.logs import partition_fields
-from mm2py.replication.committers import AtLeastOnce
+from mm2py.replication.committers import Transactions, committer_for
 from mm2py.replication.copy_loop import NewPartition, describe_partitions, log_deleted_before_copy
 from mm2py.replication.delivery import PartitionState, producer_failed, record_size
 from mm2py.replication.offset_syncs import OffsetSyncWriter
@@ -129,8 +137,11 @@ class BatchCopier:
         raw: RawCopyClients,
         poll_timeout: float = 1.0,
         on_partition_failed: Callable[[], None] | None = None,
+        transactions: Transactions | None = None,
     ) -> None:
-        """`on_partition_failed`: called when a rejected batch or record stops a partition."""
+        """`on_partition_failed`: called when a rejected batch or record stops a partition.
+        `transactions` (exactly-once): their writer is `RawTransactions` over `raw`, a
+        `RawTransactionalClients`, which then also produces the record path's records."""
         self.flow_name = flow_name
         self.target_alias = target_alias
         self.consumer = consumer
@@ -141,7 +152,12 @@ class BatchCopier:
         self._poll_timeout = poll_timeout
         self._on_partition_failed = on_partition_failed
         self.by_source: dict[SourcePartition, PartitionState] = {}
-        self.committer = AtLeastOnce(flow_name, producer, progress, syncs, self.by_source)
+        self.committer = committer_for(
+            transactions, flow_name, target_alias, producer, progress, syncs, self.by_source
+        )
+        self._transactional = isinstance(raw, RawTransactionalClients)
+        if (transactions is not None) != self._transactional:
+            raise ValueError("exactly-once needs transactional raw clients, and only it")
         self._partitions: dict[SourcePartition, _Partition] = {}
         self.paused = False
         # Batches by reason (mm2py_batches_total), counted since the flow's first copier.
@@ -230,8 +246,19 @@ class BatchCopier:
             time.sleep(min(self._poll_timeout, 0.1))
         else:
             self.stats.roll(time.time())
-            self._copy_round(parts, give_up)
+            try:
+                self._copy_round(parts, give_up)
+            except BaseException as exc:
+                # Exactly-once: a produce that failed may have left batches in the open
+                # transaction that nothing proves; `finish` aborts it rather than commit.
+                self.committer.fail(f"flow {self.flow_name}: {exc}")
+                raise
         self.committer.end_batch(caught_up=True)
+        if self._transactional:
+            # Positions past markers get their syncs once the records before are
+            # committed, which may have been just now.
+            for part in parts.values():
+                self._sync_position(part)
         return True
 
     def _copy_round(
@@ -255,6 +282,8 @@ class BatchCopier:
             self.raw.prefetch(
                 {k: rounds[k].end if k in rounds else p.position for k, p in parts.items()}
             )
+        if any(r.items for r in rounds.values()):
+            self.committer.records_read()  # exactly-once: a transaction is open
         self._pass_rounds([r for r in rounds.values() if r.passes_only], wall)
         for r in rounds.values():
             if not r.passes_only and r.part.state.failure is None:
@@ -418,6 +447,9 @@ class BatchCopier:
         first = max(part.position, batches[0].header.base_offset)
         last = batches[-1].header.last_offset
         msgs = self._read_records(state, first, last)
+        if self._transactional:
+            self._copy_records_in_transaction(state, msgs)
+            return
         reports: list[tuple[KafkaError | None, int]] = []
 
         def on_delivery(err: KafkaError | None, msg: Any) -> None:
@@ -443,7 +475,6 @@ class BatchCopier:
                 "restarts from its progress"
             )
         now = time.time()
-        stats = state.stats
         for msg, (err, downstream) in zip(msgs, reports, strict=True):
             upstream = msg.offset()
             if err is not None:
@@ -465,14 +496,7 @@ class BatchCopier:
                     f"remote topic {state.remote_topic}: {err.str()}",
                 )
                 return
-            if state.syncs.on_copied(upstream, downstream):
-                self.committer.on_sync(state, upstream, downstream)
-            state.read = state.acked = upstream
-            state.acked_downstream = downstream
-            ts = msg.timestamp()[1]
-            stats.bytes += record_size(msg)
-            stats.record_age.observe(now - ts / 1000.0)
-            self.committer.on_copied(stats, 1, ts, ts, now)
+            self._record_copied(state, msg, downstream, now)
         log.debug(
             "flow %s: %s-%s offsets %d..%d copied record by record (%d records)",
             self.flow_name,
@@ -482,6 +506,41 @@ class BatchCopier:
             last,
             len(msgs),
         )
+
+    def _copy_records_in_transaction(self, state: PartitionState, msgs: list[Any]) -> None:
+        """Exactly-once: the records go through the raw transactional producer, in
+        batches built for them (the record path's producer is outside the transaction)."""
+        if not msgs:
+            return
+        assert isinstance(self.raw, RawTransactionalClients)
+        outcome = self.raw.produce_records(
+            (state.remote_topic, state.partition),
+            [(m.key(), m.value(), m.timestamp()[1], m.headers() or ()) for m in msgs],
+        )
+        if isinstance(outcome, BatchRejected):
+            msg = max(msgs, key=record_size)  # the largest of those refused together
+            self._stop_partition(
+                state,
+                f"target {self.target_alias} rejected record {state.topic}-"
+                f"{state.partition} offset {msg.offset()} ({record_size(msg)} bytes) for "
+                f"remote topic {state.remote_topic}: {outcome}",
+            )
+            return
+        now = time.time()
+        for msg, downstream in zip(msgs, outcome, strict=True):
+            self._record_copied(state, msg, downstream, now)
+
+    def _record_copied(self, state: PartitionState, msg: Any, downstream: int, now: float) -> None:
+        """One record copied on the record path, acknowledged at `downstream`."""
+        upstream = msg.offset()
+        if state.syncs.on_copied(upstream, downstream):
+            self.committer.on_sync(state, upstream, downstream)
+        state.read = state.acked = upstream
+        state.acked_downstream = downstream
+        ts = msg.timestamp()[1]
+        state.stats.bytes += record_size(msg)
+        state.stats.record_age.observe(now - ts / 1000.0)
+        self.committer.on_copied(state.stats, 1, ts, ts, now)
 
     def _read_records(self, state: PartitionState, first: int, last: int) -> list[Any]:
         """The records a read_committed reader sees at offsets first..last: read until a
@@ -525,6 +584,8 @@ class BatchCopier:
         syncs = self.committer.syncs
         if syncs is None or state.acked_downstream < 0 or part.position <= state.acked + 1:
             return
+        if self.committer.copied_through(state) < state.acked:
+            return  # exactly-once: once the last record copied is committed
         for sync in state.syncs.on_position(part.position, state.acked, state.acked_downstream):
             syncs.write(state.topic, state.partition, *sync)
 

@@ -30,11 +30,10 @@ from mm2py.replication.offset_syncs import OffsetSyncWriter
 from mm2py.replication.progress import ProgressStore
 from mm2py.replication.stats import PartitionStats
 from mm2py.replication.transactions import (
+    LibrdkafkaTransactions,
     TransactionFailed,
     TransactionLog,
-    abort,
-    commit,
-    settle,
+    TransactionWriter,
 )
 
 log = logging.getLogger(__name__)
@@ -50,8 +49,9 @@ class Transactions:
     batch that read all the source had when `when_caught_up`."""
 
     interval: float
-    log: TransactionLog
+    log: TransactionLog | None = None  # the librdkafka producer's, when `writer` is not given
     when_caught_up: bool = False
+    writer: TransactionWriter | None = None  # another writer (the batch copier's raw one)
 
 
 class PartitionRejected(TransactionFailed):
@@ -240,6 +240,12 @@ class ExactlyOnce(Committer):
         super().__init__(flow_name, producer, progress, syncs, by_source)
         self.target_alias = target_alias
         self.txn = transactions
+        if transactions.writer is not None:
+            self.writer: TransactionWriter = transactions.writer
+        elif transactions.log is not None:
+            self.writer = LibrdkafkaTransactions(producer, transactions.log)
+        else:
+            raise ValueError("Transactions needs the producer's log or a writer")
         self._open = False
         self._due = 0.0  # when the open transaction commits (monotonic)
         self._rejected: str | None = None  # why the open transaction must abort
@@ -256,7 +262,7 @@ class ExactlyOnce(Committer):
 
     def records_read(self) -> None:
         if not self._open:
-            self.producer.begin_transaction()
+            self.writer.begin()
             self._open = True
             self._due = time.monotonic() + self.txn.interval
 
@@ -270,8 +276,8 @@ class ExactlyOnce(Committer):
         self._raise_if_failed()
         if self.restart_reason:
             raise RuntimeError(self.restart_reason)
-        if self.txn.log.failure is not None:
-            raise TransactionFailed(self.txn.log.failure)
+        if self.writer.failure is not None:
+            raise TransactionFailed(self.writer.failure)
         if self._open and (
             (self.txn.when_caught_up and caught_up) or time.monotonic() >= self._due
         ):
@@ -287,7 +293,7 @@ class ExactlyOnce(Committer):
         if not self._open:
             return
         where = f"flow {self.flow_name}: committing to cluster {self.target_alias}"
-        settle(self.producer, self.txn.log, timeout, where)  # every delivery report served
+        self.writer.settle(timeout, where)  # every delivery report served
         self._raise_if_failed()
         if self.restart_reason is not None:
             raise TransactionFailed(self.restart_reason)
@@ -296,8 +302,8 @@ class ExactlyOnce(Committer):
             for key, state in self.by_source.items()
             if state.progress() > state.committed and state.acked < state.unproven_from
         }
-        self.progress.write_in_transaction(self.producer, changed)
-        commit(self.producer, self.txn.log, timeout, where)
+        self.writer.write_progress(self.progress, changed)
+        self.writer.commit(timeout, where)
         self._open = False
         now = time.time()
         for stats, count, first_ts, last_ts in self._copied:
@@ -331,7 +337,7 @@ class ExactlyOnce(Committer):
         """Commit the open transaction, or abort it when the loop ends on a failure (or
         the commit fails: nothing of it is recorded)."""
         if self._open:
-            failed = self._rejected or self._unproven or self.restart_reason or self.txn.log.failure
+            failed = self._rejected or self._unproven or self.restart_reason or self.writer.failure
             try:
                 if failed is not None:
                     raise TransactionFailed(failed)
@@ -343,9 +349,7 @@ class ExactlyOnce(Committer):
                     self.flow_name,
                     exc,
                 )
-                abort(
-                    self.producer, f"flow {self.flow_name}", max(deadline - time.monotonic(), 1.0)
-                )
+                self.writer.abort(f"flow {self.flow_name}", max(deadline - time.monotonic(), 1.0))
             self._open = False
         if self.syncs is not None:
             self.syncs.flush(max(deadline - time.monotonic(), 0.1))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -78,12 +78,18 @@ def transactional_id(prefix: str, source: str, target: str, task: int | str) -> 
     return f"{group_id(prefix, source, target)}-{task}"
 
 
+def mirrormaker2_worker_group(source: str) -> str:
+    """MM2's default Connect worker group for flows from `source` in its dedicated mode
+    (MirrorMakerConfig.workerConfig; a ``group.id`` set for the target is not followed):
+    the prefix of its tasks' transactional ids."""
+    return f"{source}-mm2"
+
+
 def mirrormaker2_transactional_id(source: str, task: int) -> str:
     """The transactional id of task `task` of MM2's source connector for flows from
     `source`, in MM2's dedicated mode with exactly-once: Connect's
-    ``<worker group>-<connector>-<task>``, the worker group MM2's default ``<source>-mm2``
-    (MirrorMakerConfig.workerConfig; a ``group.id`` set for the target is not followed)."""
-    return f"{source}-mm2-{SOURCE_CONNECTOR_NAME}-{task}"
+    ``<worker group>-<connector>-<task>``."""
+    return f"{mirrormaker2_worker_group(source)}-{SOURCE_CONNECTOR_NAME}-{task}"
 
 
 class _QuietLog:
@@ -131,12 +137,14 @@ def check_transactions(flow: FlowConfig, target: ClusterConfig, prefix: str) -> 
     return None
 
 
-def refusal(err: KafkaError, alias: str, props: dict[str, str], prefix: str, tid: str) -> Refusal:
+def refusal(
+    err: KafkaError, alias: str, props: Mapping[str, str], prefix: str, tid: str
+) -> Refusal:
     """What a failed init_transactions of id `tid` on cluster `alias` means, and what to do."""
     return Refusal(_reason(err, alias, props, prefix, tid), err.code() not in _UNCERTAIN)
 
 
-def _reason(err: KafkaError, alias: str, props: dict[str, str], prefix: str, tid: str) -> str:
+def _reason(err: KafkaError, alias: str, props: Mapping[str, str], prefix: str, tid: str) -> str:
     user = props.get("sasl.username")
     who = f"User:{user}" if user else "the principal mm2py logs in as"
     code = err.code()

@@ -237,6 +237,14 @@ class ProgressStore:
         for where, offset in last_copied.items():
             self._send(producer, where, offset, None)
 
+    def record(self, where: SourcePartition, offset: int) -> tuple[int, bytes, bytes]:
+        """The progress record saying `offset` of `where` was the last copied: the
+        partition of the topic it goes to (as Connect's producer would put its key), its
+        key and value."""
+        topic, partition = where
+        key = SourceProgressKey(SOURCE_CONNECTOR_NAME, self.source_alias, topic, partition).encode()
+        return partition_for_key(key, self.partitions), key, encode_progress_value(offset)
+
     def _send(
         self,
         producer: Any,
@@ -244,14 +252,9 @@ class ProgressStore:
         offset: int,
         on_delivery: Callable[[Any, Any], None] | None,
     ) -> None:
-        topic, partition = where
-        key = SourceProgressKey(SOURCE_CONNECTOR_NAME, self.source_alias, topic, partition).encode()
+        partition, key, value = self.record(where, offset)
         producer.produce(
-            self.topic,
-            key=key,
-            value=encode_progress_value(offset),
-            partition=partition_for_key(key, self.partitions),
-            on_delivery=on_delivery,
+            self.topic, key=key, value=value, partition=partition, on_delivery=on_delivery
         )
 
     def flush(self, timeout: float) -> bool:

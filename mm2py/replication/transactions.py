@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -33,6 +34,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from mm2py.kafka import clients
 from mm2py.replication.client_settings import PRODUCER_REQUIRED, copy_settings
+from mm2py.replication.progress import ProgressStore, SourcePartition
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +112,69 @@ def commit(producer: Any, txn_log: TransactionLog, timeout: float, where: str) -
         producer.commit_transaction(max(deadline - time.monotonic(), 1.0))
     except KafkaException as exc:
         raise TransactionFailed(f"{where}: {txn_log.failure or exc.args[0].str()}") from None
+
+
+class TransactionWriter(ABC):
+    """The writer whose transactions the exactly-once committer opens, fills with
+    progress and ends: librdkafka's transactional producer (`LibrdkafkaTransactions`)
+    or the batch copier's raw one (mm2py.replication.batch_transactions)."""
+
+    @property
+    def failure(self) -> str | None:
+        """Why the open transaction cannot commit, when the writer learnt it on its own
+        (librdkafka says so only in its log)."""
+        return None
+
+    @abstractmethod
+    def begin(self) -> None:
+        """Open a transaction."""
+
+    @abstractmethod
+    def settle(self, timeout: float, where: str) -> None:
+        """Return once everything sent is acknowledged (TransactionFailed if not)."""
+
+    @abstractmethod
+    def write_progress(
+        self, progress: ProgressStore, last_copied: Mapping[SourcePartition, int]
+    ) -> None:
+        """Send the last copied offsets in the open transaction."""
+
+    @abstractmethod
+    def commit(self, timeout: float, where: str) -> None:
+        """Commit the open transaction (TransactionFailed if it cannot)."""
+
+    @abstractmethod
+    def abort(self, where: str, timeout: float) -> None:
+        """Abort the open transaction, if any; a failure is logged, not raised."""
+
+
+class LibrdkafkaTransactions(TransactionWriter):
+    """A confluent-kafka transactional producer (initialised) and its log."""
+
+    def __init__(self, producer: Any, txn_log: TransactionLog) -> None:
+        self.producer = producer
+        self.log = txn_log
+
+    @property
+    def failure(self) -> str | None:
+        return self.log.failure
+
+    def begin(self) -> None:
+        self.producer.begin_transaction()
+
+    def settle(self, timeout: float, where: str) -> None:
+        settle(self.producer, self.log, timeout, where)
+
+    def write_progress(
+        self, progress: ProgressStore, last_copied: Mapping[SourcePartition, int]
+    ) -> None:
+        progress.write_in_transaction(self.producer, last_copied)
+
+    def commit(self, timeout: float, where: str) -> None:
+        commit(self.producer, self.log, timeout, where)
+
+    def abort(self, where: str, timeout: float) -> None:
+        abort(self.producer, where, timeout)
 
 
 def abort(producer: Any, where: str, timeout: float = INIT_TIMEOUT) -> None:

@@ -244,3 +244,38 @@ def test_requested_and_refused_copies_at_least_once_with_one_warning(
     assert "copies exactly-once" not in log
     for secret in (mirror_user.password, d.users["admin"]):
         assert secret not in log
+
+
+def test_taking_over_from_mm2_without_the_acl_to_fence_it_says_which_to_grant(
+    clusters: Clusters, mirror_user: MirrorUser, unique: str, tmp_path: Path
+) -> None:
+    """MM2 ran D->E (its config topic is on E): task 0 fences MM2's transactional ids
+    (D-mm2-MirrorSourceConnector-<n>), which mm2py's user may not write here. The flow
+    copies on, and the warning names the ACL that would let it fence them."""
+    d, e = clusters["D"], clusters["E"]
+    mirror_user.allow_transactions()
+    create_topic(d, unique)
+    produce(d, unique, [(0, f"k{i}".encode(), b"v", [], RECENT_MS + i) for i in range(10)])
+    mm2_configs = "mm2-configs.D.internal"
+    create_topic(e, mm2_configs, config={"cleanup.policy": "compact"})
+    config = _config(tmp_path, d, e, unique, mirror_user, "required")
+    remote = f"D.{unique}"
+    try:
+        with running_daemon(config) as daemon:
+            wait_until(
+                lambda: read_all(e, remote, expected=10) if remote in topic_names(e) else None,
+                timeout=90,
+                what=f"the records in {remote} on E",
+            )
+            log = daemon.log()
+    finally:
+        admin = clients.admin_client(e.client_properties())
+        admin.delete_topics([mm2_configs])[mm2_configs].result(30)
+    assert (
+        "flow D->E: could not fence MirrorMaker 2's tasks: cluster E refuses the"
+        " transactional id D-mm2-MirrorSourceConnector-0"
+        f" (TRANSACTIONAL_ID_AUTHORIZATION_FAILED): grant User:{mirror_user.name} WRITE and"
+        " DESCRIBE on TransactionalId prefix 'D-mm2-' (pattern PREFIXED); a transaction MM2"
+        " left open is aborted by cluster E only after its transaction.timeout.ms"
+    ) in log, log
+    assert mirror_user.password not in log

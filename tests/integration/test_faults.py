@@ -7,9 +7,10 @@ have:
 
 - exactly-once (`B.exactly.once.source.support = enabled`): every record exactly once,
   in order per partition;
-- at-least-once (the key absent): no record lost (repeats allowed, and counted), in the
-  default mode (batch pass-through) and with the record copier forced
-  (`replication.copy.mode = record`);
+- at-least-once (the key absent): no record lost (repeats allowed, and counted);
+
+each in the default mode (batch pass-through) and with the record copier forced
+(`replication.copy.mode = record`),
 
 and no node may have crashed (died of a signal the scenario did not send; such a node
 is restarted so that the counts are still found, and named in the report).
@@ -70,10 +71,19 @@ def test_at_least_once_loses_nothing_under_kills_broker_loss_and_a_zombie(
 
 
 @pytest.mark.timeout(480)
+@pytest.mark.parametrize(
+    "copy_mode",
+    [
+        # Batch pass-through in mm2py's own transactions (mm2py.kafka.raw_transactions).
+        pytest.param(None, id="default"),
+        # The record copier in librdkafka's transactions.
+        pytest.param("record", id="record"),
+    ],
+)
 def test_exactly_once_copies_every_record_once_in_order_under_kills_broker_loss_and_a_zombie(
-    clusters: Clusters, tmp_path: Path, unique: str
+    clusters: Clusters, tmp_path: Path, unique: str, copy_mode: str | None
 ) -> None:
-    outcome = _run(clusters, tmp_path, unique, "exactly-once")
+    outcome = _run(clusters, tmp_path, unique, "exactly-once", copy_mode)
     for p, counts in outcome.per_partition.items():
         assert counts.exact, f"partition {p}: {counts}\n{outcome.report()}"
     assert not outcome.crashes, outcome.report()

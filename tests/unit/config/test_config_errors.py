@@ -88,9 +88,6 @@ BAD_PROPERTIES = [
      "schema.registry.unresolved.ids", "'fail' or 'copy'"),
     ("copy-mode-bad-value", PROPS + "A->B.replication.copy.mode = raw\n",
      "A->B.replication.copy.mode", "'auto', 'batch' or 'record'"),
-    ("copy-mode-batch-eos", PROPS + "B.exactly.once.source.support = enabled\n"
-     "replication.copy.mode = batch\n", "replication.copy.mode",
-     "batch cannot copy flow A->B: exactly.once.support: the flow is exactly-once"),
     ("copy-mode-batch-registry", PROPS + "A->B.replication.copy.mode = batch\n"
      "A->B.schema.registry.sync.enabled = true\nA.schema.registry.url = http://a:8081\n"
      "B.schema.registry.url = http://b:8081\n", "A->B.replication.copy.mode",

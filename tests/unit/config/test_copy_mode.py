@@ -18,12 +18,6 @@ BASE = (
 # (case, extra properties, the key the reason names, words of the reason)
 OBSTACLES = [
     (
-        "exactly-once",
-        "B.exactly.once.source.support = enabled\n",
-        "exactly.once.support",
-        "exactly-once",
-    ),
-    (
         "registry",
         "A->B.schema.registry.sync.enabled = true\nA.schema.registry.url = http://a\n"
         "B.schema.registry.url = http://b\n",
@@ -117,8 +111,9 @@ def test_batch_where_it_cannot_keep_a_guarantee_fails_the_load(
         "A.sasl.username = u\nA.sasl.password = p\nA.ssl.ca.location = /etc/ca.pem\n",
         "B.security.protocol = SSL\nB.ssl.certificate.location = /c.pem\n"
         "B.ssl.key.location = /k.pem\n",
+        "B.exactly.once.source.support = enabled\n",
     ],
-    ids=["defaults", "tuning", "committed-earliest", "sasl-scram-tls", "tls-files"],
+    ids=["defaults", "tuning", "committed-earliest", "sasl-scram-tls", "tls-files", "exactly-once"],
 )
 def test_auto_passes_batches_through_where_nothing_stands_in_the_way(
     tmp_path: Path, extra: str
