@@ -1,5 +1,6 @@
-"""The daemon passing the source's batches through as they are (issue 29, at-least-once:
-the default mode, auto, or ``replication.copy.mode = batch``), against real brokers.
+"""The daemon passing the source's batches through as they are (issue 29, at-least-once
+and exactly-once: the default mode, auto, or ``replication.copy.mode = batch``), against
+real brokers.
 
 Four source topics: zstd-compressed, uncompressed, transactional with aborted transactions
 (lz4, two producers interleaved), and LogAppendTime (zstd: every batch goes record by record
@@ -129,9 +130,12 @@ def _check_exact(
     topic: str,
     after: int = -1,
     partitions: Sequence[int] = tuple(range(PARTITIONS)),
+    exactly_once: bool = False,
 ) -> None:
     """Same records in the same order (those after source offset `after`) in `partitions`
-    (the ones with records); every offset and the end translate exactly."""
+    (the ones with records); every offset and the end translate exactly: to the target's
+    end, or exactly-once to the offset after the last copy (the target's end is past its
+    commit marker)."""
     source = _by_partition([r for r in read_all(a, topic) if r.offset > after])
     target = _by_partition(read_all(b, f"A.{topic}"))
     assert sorted(source) == sorted(target) == sorted(partitions), topic
@@ -146,7 +150,8 @@ def _check_exact(
             assert translation.downstream == copy.offset, (topic, p, src.offset, translation)
         # A group that read everything (past the last marker) lands at the target's end.
         end = store.translation(topic, p, ends_a[p])
-        assert end is not None and end.exact and end.downstream == ends_b[p], (topic, p, end)
+        end_b = target[p][-1].offset + 1 if exactly_once else ends_b[p]
+        assert end is not None and end.exact and end.downstream == end_b, (topic, p, end)
 
 
 def _commit(cluster: LocalCluster, group: str, offsets: dict[tuple[str, int], int]) -> bool:
@@ -166,8 +171,15 @@ def _translate(config: Path, group: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.parametrize(
+    "exactly_once", [pytest.param(False, id="at-least-once"), pytest.param(True, id="exactly-once")]
+)
 def test_batch_mode_copies_batches_identically_with_exact_syncs(
-    cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
+    cluster_a: LocalCluster,
+    cluster_b: LocalCluster,
+    unique: str,
+    tmp_path: Path,
+    exactly_once: bool,
 ) -> None:
     topics = {
         "zstd": f"{unique}-zstd",
@@ -198,6 +210,7 @@ def test_batch_mode_copies_batches_identically_with_exact_syncs(
             f"{unique}-.*",
             # No replication.copy.mode: the default, auto, passes batches through.
             groups=f"{unique}-.*",
+            **({"B.exactly.once.source.support": "enabled"} if exactly_once else {}),
         )
     )
     with running_daemon(config) as daemon:
@@ -211,7 +224,9 @@ def test_batch_mode_copies_batches_identically_with_exact_syncs(
         # The sync of the position past the last marker is written after the records'.
         for topic in topics.values():
             wait_until(
-                lambda topic=topic: _exact_now(cluster_a, cluster_b, topic),
+                lambda topic=topic: _exact_now(
+                    cluster_a, cluster_b, topic, exactly_once=exactly_once
+                ),
                 timeout=30,
                 interval=1.0,
                 what=f"{topic}'s offsets translating exactly",
@@ -246,8 +261,14 @@ def test_batch_mode_copies_batches_identically_with_exact_syncs(
         assert scraped <= int(logged) and (scraped > 0) == (logged != "0"), (reason, scraped)
     remote = f"A.{topics['txn']}"
     ends_b = end_offsets(cluster_b, remote)
+    if exactly_once:  # past the last copy, before the target's commit marker
+        ends_b = {
+            p: recs[-1].offset + 1 for p, recs in _by_partition(read_all(cluster_b, remote)).items()
+        }
     rows = [(r["topic"], r["partition"], r["downstream_offset"]) for r in done["rows"]]
     assert rows == [(remote, 0, 0), (remote, 1, ends_b[1])]
+    if exactly_once:
+        assert "A->B copies exactly-once (" in log_text
     for topic in topics.values():
         copied = len(read_all(cluster_a, topic))
         line = f'mm2py_records_total{{source="A",target="B",topic="A.{topic}"}} {copied}.0'
@@ -260,9 +281,10 @@ def _exact_now(
     topic: str,
     after: int = -1,
     partitions: Sequence[int] = tuple(range(PARTITIONS)),
+    exactly_once: bool = False,
 ) -> bool:
     try:
-        _check_exact(a, b, topic, after, partitions)
+        _check_exact(a, b, topic, after, partitions, exactly_once)
     except AssertionError as exc:
         print(f"not exact yet: {exc}")
         return False
