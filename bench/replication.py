@@ -20,7 +20,10 @@ alone (``alone_records_per_s``, the summary's ``mm2py_vs_pipe_limit_alone``) is 
 as a looser bound: alone, a half has both cores and one busy broker. Then mm2py again
 exactly-once (``mm2py-exactly-once``: ``B.exactly.once.source.support = enabled``,
 ``exactly.once.support = required``, the commit interval mm2py's default unless
-``--transaction-interval-ms``): its copy ends when a read_committed reader can see
+``--transaction-interval-ms``; in the default mode, which copies an exactly-once flow
+record by record), and ``mm2py-exactly-once-batch`` (the same with
+``replication.copy.mode = batch``: raw batches in mm2py's own transactions; the summary
+gives it against the former): each copy ends when a read_committed reader can see
 every record, and its records on B are counted by reading them so. ``--workloads avro``
 (alone): 2,000,000 x 100 B records in Confluent's framing (a registered Avro schema's
 id, then its payload), copied by mm2py without (``mm2py``) and with schema id
@@ -31,10 +34,11 @@ compressed`` (issue 29): 1,000,000 x 1 KiB JSON-like records (bench.workload's
 ``json_like_values``: distinct documents, deterministic from a seed, about 5.5x
 compressible), produced into A zstd-compressed in batches of about 64 KiB on the log
 (``COMPRESSED_PRODUCER_PROPS``), its label ending ``-zstd``; every system gets
-``B.producer.compression.type = zstd`` except mm2py in its default mode, whose batch
-pass-through keeps the source's zstd batches (the key would make ``auto`` copy records,
-to compress as asked), and each line has ``source_batches`` (partition 0's batches as
-stored, fetched raw: their count, sizes, records per batch and the compression ratio).
+``B.producer.compression.type = zstd`` except mm2py in its default mode (and
+``mm2py-exactly-once-batch``), whose batch pass-through keeps the source's zstd
+batches (the key would make ``auto`` copy records, to compress as asked), and each line
+has ``source_batches`` (partition 0's batches as stored, fetched raw: their count,
+sizes, records per batch and the compression ratio).
 Its pipe limit is not measured yet (bench.pipe_limit's tools produce random,
 uncompressed bytes): its line is an error saying so. ``mm2py`` is mm2py's default mode
 (``replication.copy.mode = auto``, which passes batches through at-least-once);
@@ -167,6 +171,11 @@ MM2PY_EOS: Final = "mm2py-exactly-once"
 # mm2py copying record by record: replication.copy.mode = record (the default mode,
 # auto, passes batches through where it keeps the flow's guarantees).
 MM2PY_RECORD: Final = "mm2py-record"
+# mm2py copying exactly-once with batch pass-through (replication.copy.mode = batch: its
+# own transactions of raw batches; MM2PY_EOS, in the default mode, copies record by
+# record in librdkafka's).
+MM2PY_EOS_BATCH: Final = "mm2py-exactly-once-batch"
+EXACTLY_ONCE_SYSTEMS: Final = (MM2PY_EOS, MM2PY_EOS_BATCH)
 # mm2py with schema.registry.sync.enabled (the avro workload only).
 MM2PY_SCHEMAS: Final = "mm2py-schemas"
 # Framed Avro records: 5 bytes of framing, then an Avro record of one string field.
@@ -175,8 +184,8 @@ AVRO_SCHEMA: Final = (
     '{"type": "record", "name": "BenchRecord", "namespace": "mm2py.bench",'
     ' "fields": [{"name": "data", "type": "string"}]}'
 )
-SYSTEMS: Final = (PIPE_LIMIT, MIRRORMAKER2, MM2PY, MM2PY_RECORD, MM2PY_EOS)
-REPLICATORS: Final = (MIRRORMAKER2, MM2PY, MM2PY_RECORD, MM2PY_EOS)
+SYSTEMS: Final = (PIPE_LIMIT, MIRRORMAKER2, MM2PY, MM2PY_RECORD, MM2PY_EOS, MM2PY_EOS_BATCH)
+REPLICATORS: Final = (MIRRORMAKER2, MM2PY, MM2PY_RECORD, MM2PY_EOS, MM2PY_EOS_BATCH)
 WORKLOADS: Final = {
     "large": STANDARD_WORKLOADS[0],
     "small": STANDARD_WORKLOADS[1],
@@ -374,10 +383,12 @@ def replicating(
     replicating only `topic` source->target, with the `settings` properties; stop it after."""
     props = topic_properties(source, target, topic)  # the same config for every system
     props.update(settings or {})
-    if system == MM2PY_EOS:
+    if system in EXACTLY_ONCE_SYSTEMS:
         props.update(exactly_once_properties(target, interval_ms))
     if system == MM2PY_RECORD:
         props["replication.copy.mode"] = "record"
+    if system == MM2PY_EOS_BATCH:
+        props["replication.copy.mode"] = "batch"
     if system == MIRRORMAKER2:
         mm2 = RealMirrorMaker(props, run_dir / f"mm2-{topic}", heap=MM2_HEAP)
         with mm2:
@@ -425,13 +436,13 @@ def replication_throughput(
     watch_copy's `transactional`), and the records on B are counted by reading them
     read_committed (their end offsets count the commit markers too, in `end_offsets`).
     """
-    transactional = system == MM2PY_EOS
+    transactional = system in EXACTLY_ONCE_SYSTEMS
     source, target = clusters["A"], clusters["B"]
     if workload.compression != "none":
         # Compressed workloads: every system writes B compressed alike (MM2 would
         # otherwise write it uncompressed), but mm2py's default mode, whose batches keep
         # the source's codec as they are (the key would make it copy records).
-        if system != MM2PY:
+        if system not in (MM2PY, MM2PY_EOS_BATCH):
             settings = {
                 f"{target.alias}.producer.compression.type": workload.compression,
                 **(settings or {}),
@@ -854,7 +865,11 @@ def replication_latency(
         max_ms=round(latencies[-1], 1),
         load_1m_before=load[0],
         load_avg_before=load,
-        **({"transaction_interval_ms": _interval(interval_ms)} if system == MM2PY_EOS else {}),
+        **(
+            {"transaction_interval_ms": _interval(interval_ms)}
+            if system in EXACTLY_ONCE_SYSTEMS
+            else {}
+        ),
     )
 
 
@@ -967,6 +982,21 @@ def summary(
                 "exactly_once_replication_p99_ms": line.get("replication_p99_ms"),
                 "exactly_once_peak_rss_mib": line.get("peak_rss_mib"),
                 "transaction_interval_ms": line.get("transaction_interval_ms"),
+            }
+        )
+    for (system, workload), line in by.items():
+        if system != MM2PY_EOS_BATCH:
+            continue
+        eos = by.get((MM2PY_EOS, workload), {})
+        rate, cpu = line.get("records_per_s"), line.get("cpu_s_per_m_records")
+        workloads.setdefault(workload, {}).update(
+            {
+                "exactly_once_batch_records_per_s": rate,
+                "exactly_once_batch_vs_record": _ratio(rate, eos.get("records_per_s")),
+                "exactly_once_batch_cpu_s_per_m_records": cpu,
+                "exactly_once_batch_cpu_vs_record": _ratio(cpu, eos.get("cpu_s_per_m_records")),
+                "exactly_once_batch_p50_ms": line.get("p50_ms"),
+                "exactly_once_batch_p99_ms": line.get("p99_ms"),
             }
         )
     for (system, workload), line in by.items():

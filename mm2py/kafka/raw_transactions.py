@@ -58,7 +58,9 @@ log = logging.getLogger(__name__)
 TRANSACTION_COORDINATOR = 1  # FindCoordinator's key type for a transactional id
 COORDINATOR_MOVED = frozenset({14, 15, 16})  # LOAD_IN_PROGRESS, NOT_AVAILABLE, NOT_COORDINATOR
 CONCURRENT_TRANSACTIONS = 51
-CONCURRENT_BACKOFF = 0.02  # as Kafka's Java producer waits on CONCURRENT_TRANSACTIONS
+CONCURRENT_BACKOFF = (
+    0.005  # the previous transaction's markers: measured 30 -> 13 ms a cycle against 20 ms
+)
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 OPERATION_NOT_ATTEMPTED = 55
 RECORDS_BATCH_BYTES = 1 << 20  # a built batch closes past this size (one record at least)

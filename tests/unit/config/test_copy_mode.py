@@ -111,9 +111,8 @@ def test_batch_where_it_cannot_keep_a_guarantee_fails_the_load(
         "A.sasl.username = u\nA.sasl.password = p\nA.ssl.ca.location = /etc/ca.pem\n",
         "B.security.protocol = SSL\nB.ssl.certificate.location = /c.pem\n"
         "B.ssl.key.location = /k.pem\n",
-        "B.exactly.once.source.support = enabled\n",
     ],
-    ids=["defaults", "tuning", "committed-earliest", "sasl-scram-tls", "tls-files", "exactly-once"],
+    ids=["defaults", "tuning", "committed-earliest", "sasl-scram-tls", "tls-files"],
 )
 def test_auto_passes_batches_through_where_nothing_stands_in_the_way(
     tmp_path: Path, extra: str
@@ -138,3 +137,13 @@ def test_raw_connection_problem_names_the_key() -> None:
     )
     assert raw_connection_problem({"security.protocol": "SSL", "ssl.keystore.location": "k.p12"})
     assert raw_connection_problem({"security.protocol": "PLAINTEXT", "ssl.ca.pem": "x"}) is None
+
+
+def test_exactly_once_copies_records_under_auto_and_batches_when_asked(tmp_path: Path) -> None:
+    eos = "B.exactly.once.source.support = enabled\n"
+    copier, reason = load(tmp_path, eos)
+    assert copier == "record"
+    assert reason.startswith("exactly.once.support: ") and "replication.copy.mode = batch" in (
+        reason
+    )
+    assert load(tmp_path, eos + "A->B.replication.copy.mode = batch\n") == ("batch", "")
