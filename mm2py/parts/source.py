@@ -1,6 +1,8 @@
 """The source part of a flow A->B: its copy loop, fed by topic discovery.
 
-One thread runs the copy loop (mm2py.replication.copy_loop) and its periodic work
+One thread runs the copier (the record copier, mm2py.replication.copy_loop, or the
+batch copier, mm2py.replication.batch_copier, as mm2py.config.copy_mode chose) and its
+periodic work
 (progress every PROGRESS_INTERVAL, lag every LAG_INTERVAL, on the part's scheduler
 between batches); a second thread runs
 topic discovery (mm2py.parts.discovery) every
@@ -9,8 +11,9 @@ queue, so admin calls never delay records. How offset syncs make translation
 exact: mm2py.replication.offset_syncs.
 
 Exactly-once (the flow's ``exactly_once`` setting is not off): the task's producer
-is transactional, with the task's id (`transactional_id`). Before anything is read,
-`init_transactions` fences the task's previous owner (a node that died or was cut
+is transactional, with the task's id (`transactional_id`): librdkafka's for the record
+copier, the raw clients' for the batch copier (mm2py.kafka.raw_transactions). Before
+anything is read, initialising it fences the task's previous owner (a node that died or was cut
 off, whose open transaction it aborts), the tasks of an earlier ``tasks.max``
 that this split has no task for and, in task 0, MM2's tasks of the flow when MM2 ran
 it (`_fence_mirrormaker2`); only then is the progress read, past transactions

@@ -47,6 +47,8 @@ pytestmark = pytest.mark.integration
 
 # With the workers frozen, how long a commit sent just before has to write its markers.
 SETTLE_FROZEN = 2.0
+# How long the workers copy between two frozen looks for an open transaction.
+RUN_BETWEEN_FREEZES = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -274,11 +276,16 @@ def test_worker_killed_mid_copy_costs_no_record_twice_and_loses_none(
         return None
 
     def frozen_in_a_transaction() -> tuple[int] | None:
-        """`busy_worker`, still so once every worker is frozen and a commit sent before
-        had time to write its markers: a transaction seen open may be one committing
-        (or one that commits in the instant before the kill), and then the kill would
-        cost nothing. Frozen, it stays open until the kill."""
-        if busy_worker() is None:
+        """`busy_worker` once every worker is frozen and a commit sent before had time to
+        write its markers (a transaction seen open may be one committing, and then the
+        kill would cost nothing; frozen, it stays open until the kill). The workers are
+        frozen as soon as one runs a task, not once a transaction is seen open: on a busy
+        machine a range's transaction could open and commit between two looks, and the
+        backfill end before one was seen (a fresh clone's CI run did). Not found, they run
+        for RUN_BETWEEN_FREEZES before the next look, so the copy goes on between looks
+        but cannot end unseen."""
+        assert proc.poll() is None, "the backfill ended before a worker could be killed"
+        if not any(spark.running_tasks(i) for i in range(spark.workers)):
             return None
         for i in range(spark.workers):
             spark.freeze_worker(i)
@@ -287,6 +294,7 @@ def test_worker_killed_mid_copy_costs_no_record_twice_and_loses_none(
         if found is None:
             for i in range(spark.workers):
                 spark.freeze_worker(i, frozen=False)
+            time.sleep(RUN_BETWEEN_FREEZES)
         return found
 
     (victim,) = wait_until(
