@@ -12,6 +12,12 @@
 - Offsets: a PASS batch holds `record_count` records at source offsets base..base+count-1,
   and the broker appends it at one target base offset, so record i of it lands at target
   base + i (`Placement`).
+- `merge_small(items)` joins runs of small, uncompressed PASS batches that follow each
+  other in the log (the next one's base offset is the last one's last offset + 1) into
+  one batch each: the same records, bytes and timestamps, their offset and timestamp
+  deltas counted from the run's first batch. A producer that sends as it goes (linger 0)
+  writes a batch a record; produced as they are, each would be a Produce request of its
+  own on the target. Compressed batches are never merged (that would mean decoding them).
 CRC-32C is aiokafka's Cython `calc_crc32c`: 0.06 ms for 64 KiB, a pure-Python table 115 ms.
 """
 
@@ -337,6 +343,114 @@ def rewrite_for_produce(
     return out
 
 
+# A PASS batch this small (one record of 1 KiB, a few of 100 B) is merged with its
+# neighbours; a merged batch closes before it passes MERGED_BATCH_BYTES.
+SMALL_BATCH_BYTES = 4 << 10
+MERGED_BATCH_BYTES = 256 << 10
+
+
+def _mergeable(header: BatchHeader) -> bool:
+    return (
+        header.size < SMALL_BATCH_BYTES
+        and header.compression is Compression.NONE
+        and unpassable(header) is None
+    )
+
+
+def merge_small(items: Sequence[Classified]) -> list[Classified]:
+    """One partition's classified batches, in log order, with each run of small,
+    uncompressed PASS batches at consecutive offsets merged into one PASS batch (see the
+    module). Everything else is kept as it is, in its place."""
+    out: list[Classified] = []
+    run: list[RecordBatch] = []
+    run_bytes = 0
+
+    def close_run() -> None:
+        nonlocal run_bytes
+        if len(run) > 1:
+            out.append(Classified(merge(run), Reason.WHOLE))
+        elif run:
+            out.append(Classified(run[0], Reason.WHOLE))
+        run.clear()
+        run_bytes = 0
+
+    for item in items:
+        header = item.batch.header
+        if item.decision is not Decision.PASS or not _mergeable(header):
+            close_run()
+            out.append(item)
+            continue
+        follows = run and header.base_offset == run[-1].header.last_offset + 1
+        if not follows or run_bytes + header.size > MERGED_BATCH_BYTES:
+            close_run()
+        run.append(item.batch)
+        run_bytes += header.size
+    close_run()
+    return out
+
+
+def merge(batches: Sequence[RecordBatch]) -> RecordBatch:
+    """Uncompressed passable v2 batches at consecutive offsets as one: base offset and
+    timestamp of the first, each record's deltas counted from them, keys, values and
+    headers byte for byte; no producer id (`rewrite_for_produce` sets it)."""
+    first = batches[0].header
+    base_offset, base_ts = first.base_offset, first.base_timestamp
+    records = bytearray()
+    count = 0
+    for batch in batches:
+        header = batch.header
+        if header.compression is not Compression.NONE or unpassable(header) is not None:
+            raise ValueError(f"batch at offset {header.base_offset} cannot be merged")
+        if header.base_offset != base_offset + count:
+            raise ValueError(
+                f"batch at offset {header.base_offset} does not follow offset "
+                f"{base_offset + count - 1}"
+            )
+        view = batch.payload
+        pos = 0
+        for _ in range(header.record_count):
+            length, pos = _varint(view, pos)
+            end = pos + length
+            if length < 3 or end > len(view):
+                raise CorruptBatchError(
+                    f"batch at offset {header.base_offset}: a record runs past the batch"
+                )
+            ts_delta, after = _varint(view, pos + 1)
+            offset_delta, after = _varint(view, after)
+            body = bytearray(view[pos : pos + 1])  # attributes
+            body += _zigzag(header.base_timestamp + ts_delta - base_ts)
+            body += _zigzag(header.base_offset + offset_delta - base_offset)
+            body += view[after:end]
+            records += _zigzag(len(body))
+            records += body
+            pos = end
+        if pos != len(view):
+            raise CorruptBatchError(
+                f"batch at offset {header.base_offset}: {len(view) - pos} bytes after its records"
+            )
+        count += header.record_count
+    after_crc = bytearray(
+        struct.pack(
+            ">hiqqqhii",
+            0,  # no compression, create time, not transactional
+            count - 1,
+            base_ts,
+            max(b.header.max_timestamp for b in batches),
+            NO_PRODUCER_ID,
+            -1,
+            -1,
+            count,
+        )
+    )
+    after_crc += records
+    length = len(after_crc) + ATTRIBUTES - LOG_OVERHEAD
+    data = bytearray(
+        struct.pack(">qiibI", base_offset, length, NO_PARTITION_LEADER_EPOCH, 2, crc32c(after_crc))
+    )
+    data += after_crc
+    return RecordBatch(parse_header(data), memoryview(data))
+
+
 def next_sequence(sequence: int, count: int) -> int:
     """The base sequence after a batch of `count` records at `sequence` (wraps at 2^31 - 1,
     as DefaultRecordBatch.incrementSequence does)."""
@@ -363,6 +477,17 @@ class Placement:
         if not 0 <= delta < self.record_count:
             raise ValueError(f"source offset {source_offset} is not in this batch")
         return self.target_base_offset + delta
+
+
+def _zigzag(value: int) -> bytes:
+    """`value` as a zigzag varint (a varlong for values beyond 32 bits, as Kafka reads)."""
+    raw = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while raw > 0x7F:
+        out.append((raw & 0x7F) | 0x80)
+        raw >>= 7
+    out.append(raw)
+    return bytes(out)
 
 
 def _varint(view: memoryview, pos: int) -> tuple[int, int]:

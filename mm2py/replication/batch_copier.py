@@ -10,9 +10,11 @@ thread, mm2py.kafka.raw_clients) for all its partitions:
   round's batches are produced; its answers are used only after they are acknowledged.
 - PASS batches go, in order, to the same partition of the remote topic through the one
   idempotent producer (batches of several partitions share a Produce), which answers with
-  each batch's target base offset; a batch of n records from source offset s at target
-  offset t proves s..s+n-1 at t..t+n-1. DROP batches (markers, aborted transactions) are
-  skipped.
+  each batch's target base offset. Runs of small uncompressed batches go merged, one
+  batch each (`merge_small`: a producer with linger 0 writes a batch a record, and a
+  Produce request carries one batch a partition). A batch of n records from source
+  offset s at target offset t proves s..s+n-1 at t..t+n-1. DROP batches (markers,
+  aborted transactions) are skipped.
 - RECORDS batches (compaction gaps, a delete horizon, LogAppendTime, magic 0/1, a fetch that
   starts inside the batch) are handed to the record path: the source part's consumer and
   producer (librdkafka: every codec, read_committed, the timestamps a reader sees) copy
@@ -63,6 +65,7 @@ from mm2py.kafka.record_batches import (
     Reason,
     RecordBatch,
     classify,
+    merge_small,
     split_batches,
 )
 from mm2py.logs import partition_fields
@@ -275,7 +278,7 @@ class BatchCopier:
             items = classify(split_batches(result.records).batches, part.position, result.aborted)
             for item in items:
                 self.reasons[item.reason.value] += 1
-            rounds[where] = _Round(part, result, items)
+            rounds[where] = _Round(part, result, merge_small(items))
         if not give_up():
             # The next fetch goes out now, from where this round ends: its answers are read
             # in the next round, after this round's batches are acknowledged.

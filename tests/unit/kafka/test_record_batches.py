@@ -13,6 +13,7 @@ from aiokafka.record.util import calc_crc32c
 
 from mm2py.kafka.record_batches import (
     AbortedTransaction,
+    Classified,
     Compression,
     CorruptBatchError,
     Decision,
@@ -20,6 +21,8 @@ from mm2py.kafka.record_batches import (
     Reason,
     classify,
     crc32c,
+    merge,
+    merge_small,
     next_sequence,
     parse_header,
     rewrite_for_produce,
@@ -380,3 +383,75 @@ def test_placement_maps_offsets_one_for_one() -> None:
     assert placement.source_last_offset == 102
     with pytest.raises(ValueError):
         placement.target_offset(103)
+
+
+def read_records(data: bytes | bytearray | memoryview) -> list[tuple[int, int, bytes, bytes, list]]:
+    """(offset, timestamp, key, value, headers) of each record, as aiokafka reads them."""
+    return [
+        (r.offset, r.timestamp, r.key, r.value, list(r.headers))
+        for r in DefaultRecordBatch(bytes(data))
+    ]
+
+
+def passing(*datas: bytes | bytearray) -> list[Classified]:
+    return classify([b for d in datas for b in split_batches(d).batches], 0, [])
+
+
+def test_merge_keeps_every_record_its_offset_timestamp_and_headers() -> None:
+    one = batch(100, [record(0, 0, b"a", b"1", [("h", b"x")])], base_ts=TS + 5)
+    three = batch(
+        101,
+        [record(0, 0, b"b", b"2"), record(1, -3, None, b"3"), record(2, 9, b"d", None)],
+        base_ts=TS + 10,
+        max_ts=TS + 19,
+        producer_id=7,
+        producer_epoch=1,
+        base_sequence=40,
+    )
+    batches = [split_batches(d).batches[0] for d in (one, three)]
+    merged = merge(batches)
+    assert merged.crc_valid()
+    header = merged.header
+    assert (header.base_offset, header.record_count, header.last_offset) == (100, 4, 103)
+    assert (header.base_timestamp, header.max_timestamp) == (TS + 5, TS + 19)
+    assert header.producer_id == -1
+    assert read_records(merged.data) == read_records(one) + read_records(three)
+    assert read_records(merged.data)[2][1] == TS + 7  # a delta below the batch's base
+
+
+def test_merge_small_joins_runs_at_consecutive_offsets_only() -> None:
+    small = [batch(i, [record(0, 0, b"k", b"v" * 100)]) for i in range(10, 14)]
+    marker = control(14, 5, 1)
+    after = [batch(i, [record(0, 0, b"k", b"v")]) for i in (15, 16)]
+    items = merge_small(passing(*small, marker, *after))
+    assert [
+        (i.decision, i.batch.header.base_offset, i.batch.header.record_count) for i in items
+    ] == [
+        (Decision.PASS, 10, 4),
+        (Decision.DROP, 14, 1),
+        (Decision.PASS, 15, 2),
+    ]
+    assert read_records(items[0].batch.data) == [r for d in small for r in read_records(d)]
+
+
+def test_merge_small_leaves_compressed_large_and_lone_batches_as_they_are() -> None:
+    gzipped = bytes(aiokafka_batch(Compression.GZIP, count=2))
+    large = batch(2, [record(0, 0, b"k", b"v" * 5000)])
+    lone = batch(3)
+    items = passing(
+        struct.pack(">q", 0) + gzipped[8:],
+        large,
+        lone,
+        batch(5),  # offset 4 is missing: not consecutive with `lone`
+    )
+    assert merge_small(items) == items
+
+
+def test_merged_batches_close_before_the_size_limit() -> None:
+    value = b"v" * 3000  # 3,070 bytes a batch: small, and 86 of them pass 256 KiB (85 do not)
+    items = passing(*(batch(i, [record(0, 0, None, value)]) for i in range(100)))
+    assert items[0].batch.header.size == 3070
+    merged = merge_small(items)
+    assert [i.batch.header.record_count for i in merged] == [85, 15]
+    assert all(i.batch.header.size <= 256 << 10 for i in merged)
+    assert merged[1].batch.header.base_offset == 85

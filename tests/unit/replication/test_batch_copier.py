@@ -14,6 +14,8 @@ from mm2py.kafka.record_batches import (
     AbortedTransaction,
     Reason,
     RecordBatch,
+    merge,
+    split_batches,
 )
 from mm2py.replication.batch_copier import BatchCopier
 from mm2py.replication.copy_loop import NewPartition
@@ -208,12 +210,13 @@ def test_whole_batches_pass_aborted_and_markers_drop_syncs_follow_the_distance()
     copier, fetcher, raw, syncs, progress = _copier(log, [AbortedTransaction(7, 0)])
     assert copier.raw.opened  # type: ignore[attr-defined]
     copier.copy_batch(lambda: False)
-    assert raw.produced == [3, 6]
+    assert raw.produced == [3]  # the small batches at 3 and 6 go merged, as one
     # One sync where the distance is set (3 -> 100); 6 -> 103 keeps it.
     assert syncs.written == [(3, TARGET_START, False)]
     state = copier.by_source[("t", 0)]
     assert (state.acked, state.acked_downstream) == (7, TARGET_START + 4)
-    assert state.stats.records == 5 and state.stats.bytes == sum(len(b) for b in log[2:])
+    merged = merge([split_batches(data).batches[0] for data in log[2:]])
+    assert state.stats.records == 5 and state.stats.bytes == merged.header.size
     assert sum(state.stats.latency.counts) == 5
     copier.commit_progress()
     assert progress.written == {("t", 0): 7}
@@ -376,7 +379,8 @@ def test_one_round_fetches_every_partition_and_produces_them_together() -> None:
     assert raw.rounds == [{("t", 0): 0, ("t", 1): 0, ("t", 2): 2, ("t", 3): 0}]
     assert raw.prefetched == [{("t", 0): 5, ("t", 1): 4, ("t", 2): 6, ("t", 3): 0}]
     assert raw.produce_calls == [[("A.t", 0), ("A.t", 1)], [("A.t", 2)]]
-    assert producers[("A.t", 0)].produced == [0, 2] and producers[("A.t", 1)].produced == [0]
+    # t-0's two small batches go merged, as one
+    assert producers[("A.t", 0)].produced == [0] and producers[("A.t", 1)].produced == [0]
     assert producers[("A.t", 2)].produced == [4]
     acked = {p: (s.acked, s.acked_downstream) for (_, p), s in copier.by_source.items()}
     assert acked == {
