@@ -13,6 +13,7 @@ from mm2py.errors import EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
+    from mm2py.dev import class_archive
     from mm2py.dev.jars import fetch_jars
     from mm2py.dev.launcher import LocalKafka
     from mm2py.dev.registry import LocalRegistries, fetch_registry
@@ -21,6 +22,8 @@ def run(args: argparse.Namespace) -> int:
     registries = LocalRegistries(args.dir)
     if args.action == "fetch":
         print(f"Kafka jars in {fetch_jars()}")
+        archive = class_archive.ensure()
+        print(f"their class archive in {archive}" if archive else "no class archive (see the log)")
         print(f"Apicurio Registry in {fetch_registry()}")
     elif args.action == "up":
         clusters = kafka.up(args.clusters or ["A", "B"], secure=args.secure)
@@ -65,7 +68,8 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument(
         "action",
         choices=["up", "down", "status", "fetch"],
-        help="fetch only downloads the Kafka jars and Apicurio Registry into the cache",
+        help="fetch downloads the Kafka jars and Apicurio Registry into the cache and builds the "
+        "jars' class archive (a broker runs for a few seconds); it starts no cluster",
     )
     p.add_argument(
         "--clusters",

@@ -1,7 +1,8 @@
 """Apache Kafka jars from Maven Central, fetched once with Maven and cached.
 
 The same classpath runs local brokers, the real MirrorMaker 2 (for compatibility
-tests and benchmarks) and Kafka's perf tools.
+tests and benchmarks) and Kafka's perf tools, with a class-data archive of the jars
+once `mm2py local fetch` has built it (mm2py.dev.class_archive).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from mm2py.cache import cache_root
@@ -85,15 +87,25 @@ KAFKA_JVM_OPTIONS = (
 )
 
 
+def class_archive() -> Path:
+    """Where the class-data archive of the cached jars for this machine's java lives
+    (mm2py.dev.class_archive builds it; the JVM checks that it matches its own build
+    and the classpath, and without a match loads the classes as it would without it)."""
+    java = shutil.which("java")
+    digest = hashlib.sha256(str(Path(java).resolve() if java else "").encode()).hexdigest()[:12]
+    return jar_dir() / f"classes-{digest}.jsa"
+
+
 def java_command(
     main_class: str,
     *args: str,
     heap: str = "512m",
     logs_dir: Path | None = None,
     gc_log: bool = False,
+    options: Sequence[str] = (),
 ) -> list[str]:
     """The command line that runs `main_class` from the cached jars, with Kafka's JVM
-    options.
+    options, the jars' class-data archive when it is built, then `options`.
 
     log4j writes to `<logs_dir>/server.log` (default: the cache's logs folder); with
     `gc_log`, the JVM logs its collections to `<logs_dir>/gc.log`, as kafka-server-start
@@ -106,11 +118,15 @@ def java_command(
             "java is not on PATH; install a JDK 17 (apt-get install openjdk-17-jdk)"
         )
     gc = [f"-Xlog:gc:file={logs / 'gc.log'}:time,uptime:filecount=2,filesize=20M"] if gc_log else []
+    archive = class_archive()
+    shared = [f"-XX:SharedArchiveFile={archive}"] if archive.exists() else []
     return [
         java,
         f"-Xmx{heap}",
         *KAFKA_JVM_OPTIONS,
+        *shared,
         *gc,
+        *options,
         f"-Dkafka.logs.dir={logs}",
         f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
         "-cp",

@@ -21,7 +21,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -194,8 +194,10 @@ def server_properties(cluster: LocalCluster) -> str:
 class LocalKafka:
     """Starts, finds and stops the local clusters kept under one state folder."""
 
-    def __init__(self, state_dir: Path | None = None) -> None:
+    def __init__(self, state_dir: Path | None = None, jvm_options: Sequence[str] = ()) -> None:
+        """`jvm_options`: added to each broker's java command line."""
         self.state_dir = (state_dir or default_state_dir()).resolve()
+        self.jvm_options = tuple(jvm_options)
 
     # -- what is recorded -------------------------------------------------
 
@@ -335,7 +337,11 @@ class LocalKafka:
     def _spawn(self, cluster: LocalCluster) -> subprocess.Popen[bytes]:
         logs = cluster.home / "logs"
         cmd = java_command(
-            "kafka.Kafka", str(cluster.home / "server.properties"), logs_dir=logs, gc_log=True
+            "kafka.Kafka",
+            str(cluster.home / "server.properties"),
+            logs_dir=logs,
+            gc_log=True,
+            options=self.jvm_options,
         )
         with open(logs / "stdout.log", "ab") as out:
             proc = subprocess.Popen(

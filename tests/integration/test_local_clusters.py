@@ -19,6 +19,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from mm2py.dev import class_archive, jars
 from mm2py.dev.launcher import (
     LOG_TAIL_LINES,
     PORT_OFFSET_VARIABLE,
@@ -155,3 +156,22 @@ def test_a_broker_that_cannot_start_keeps_its_folder_and_shows_its_log(
     assert (home / "logs").is_dir() and (home / "server.properties").exists()
     kafka.down(["C"], keep_logs_in=tmp_path / "kept")
     assert not home.exists() and (tmp_path / "kept" / "C" / "stdout.log").exists()
+
+
+def test_a_broker_maps_the_jars_class_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `make test` builds the archive first (`mm2py local fetch`); a JVM maps an archive
+    # only when it accepts it (its own build, the same jars), else it starts without.
+    archive = class_archive.ensure()
+    assert archive == jars.class_archive() and archive.stat().st_size > 10 << 20
+    monkeypatch.setenv(PORT_OFFSET_VARIABLE, "8")  # beside the session's clusters
+    kafka = LocalKafka(tmp_path / "state")
+    kafka.up(["A"], timeout=60)
+    try:
+        pid = kafka.pid("A")
+        assert pid is not None
+        assert f"-XX:SharedArchiveFile={archive}" in Path(f"/proc/{pid}/cmdline").read_text()
+        assert str(archive) in Path(f"/proc/{pid}/maps").read_text()
+    finally:
+        kafka.down(["A"])
