@@ -208,18 +208,27 @@ class TransactionalProduceSession(IdempotentProduceSession):
         )
         self._added.update(new)
 
-    async def produce_records(self, tp: TP, records: Sequence[Record]) -> list[int] | BatchRejected:
-        """Produce `records` to `tp` in the open transaction, in batches built here
-        (uncompressed, CreateTime): each record's target offset, or BatchRejected."""
-        batches = build_batches(records)
-        outcome = (await self.produce({tp: batches}))[tp]
-        if isinstance(outcome, BatchRejected):
-            return outcome
-        return [
-            base + i
-            for batch, base in zip(batches, outcome, strict=True)
-            for i in range(batch.header.record_count)
-        ]
+    async def produce_records(
+        self, records: Mapping[TP, Sequence[Record]]
+    ) -> dict[TP, list[int] | BatchRejected]:
+        """Produce each partition's `records` in the open transaction, in batches built
+        here (uncompressed, CreateTime), the partitions together (one AddPartitionsToTxn,
+        one Produce a leader): by partition, each record's target offset, or
+        BatchRejected."""
+        batches = {tp: build_batches(recs) for tp, recs in records.items() if recs}
+        outcomes = await self.produce(batches)
+        placed: dict[TP, list[int] | BatchRejected] = {}
+        for tp, outcome in outcomes.items():
+            placed[tp] = (
+                outcome
+                if isinstance(outcome, BatchRejected)
+                else [
+                    base + i
+                    for batch, base in zip(batches[tp], outcome, strict=True)
+                    for i in range(batch.header.record_count)
+                ]
+            )
+        return placed
 
     async def end(self, commit: bool) -> None:
         """Commit or abort the open transaction (none open: nothing to do)."""
@@ -295,9 +304,11 @@ class RawTransactionalClients(RawCopyClients):
         """`TransactionalProduceSession.begin`."""
         self.transactions.begin()
 
-    def produce_records(self, tp: TP, records: Sequence[Record]) -> list[int] | BatchRejected:
+    def produce_records(
+        self, records: Mapping[TP, Sequence[Record]]
+    ) -> dict[TP, list[int] | BatchRejected]:
         """`TransactionalProduceSession.produce_records`."""
-        return self._run(self.transactions.produce_records(tp, records))
+        return self._run(self.transactions.produce_records(records))
 
     def end(self, commit: bool) -> None:
         """`TransactionalProduceSession.end`."""

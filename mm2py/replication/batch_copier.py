@@ -516,10 +516,10 @@ class BatchCopier:
         if not msgs:
             return
         assert isinstance(self.raw, RawTransactionalClients)
+        remote = (state.remote_topic, state.partition)
         outcome = self.raw.produce_records(
-            (state.remote_topic, state.partition),
-            [(m.key(), m.value(), m.timestamp()[1], m.headers() or ()) for m in msgs],
-        )
+            {remote: [(m.key(), m.value(), m.timestamp()[1], m.headers() or ()) for m in msgs]}
+        )[remote]
         if isinstance(outcome, BatchRejected):
             msg = max(msgs, key=record_size)  # the largest of those refused together
             self._stop_partition(

@@ -6,8 +6,10 @@ Contract: one transaction at a time on the copier's `RawTransactionalClients`
 copier's; opening the clients fenced the id's previous holder. Produce calls return once
 acknowledged, so there is nothing to settle. Progress goes in the transaction as the
 records Connect's offsets topic holds (`ProgressStore.record`), produced by the same
-raw producer. A commit or a progress write that fails raises TransactionFailed; an abort
-that fails is logged (a fenced writer has nothing left to abort).
+raw producer, all of a commit's offsets-topic partitions in one call (one
+AddPartitionsToTxn and one Produce, not one of each a partition). A commit or a progress
+write that fails raises TransactionFailed; an abort that fails is logged (a fenced
+writer has nothing left to abort).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import logging
 import time
 from collections.abc import Mapping
 
-from mm2py.kafka.raw_clients import BatchRejected, ProducerFenced, RawPartitionError
+from mm2py.kafka.raw_clients import TP, BatchRejected, ProducerFenced, RawPartitionError
 from mm2py.kafka.raw_transactions import RawTransactionalClients, Record
 from mm2py.replication.progress import ProgressStore, SourcePartition
 from mm2py.replication.transactions import TransactionFailed, TransactionWriter
@@ -40,15 +42,17 @@ class RawTransactions(TransactionWriter):
         self, progress: ProgressStore, last_copied: Mapping[SourcePartition, int]
     ) -> None:
         now_ms = int(time.time() * 1000)
-        by_partition: dict[int, list[Record]] = {}
+        by_partition: dict[TP, list[Record]] = {}
         for where, offset in last_copied.items():
             partition, key, value = progress.record(where, offset)
-            by_partition.setdefault(partition, []).append((key, value, now_ms, ()))
-        for partition, records in by_partition.items():
-            try:
-                outcome = self.raw.produce_records((progress.topic, partition), records)
-            except RawPartitionError as exc:
-                raise TransactionFailed(f"writing progress to {progress.topic}: {exc}") from None
+            by_partition.setdefault((progress.topic, partition), []).append(
+                (key, value, now_ms, ())
+            )
+        try:
+            outcomes = self.raw.produce_records(by_partition)
+        except RawPartitionError as exc:
+            raise TransactionFailed(f"writing progress to {progress.topic}: {exc}") from None
+        for outcome in outcomes.values():
             if isinstance(outcome, BatchRejected):
                 raise TransactionFailed(f"writing progress to {progress.topic}: {outcome}")
 

@@ -62,12 +62,15 @@ def test_a_committed_transaction_shows_every_record_as_produced(
     create_topic(cluster_b, unique, partitions=2)
     first, second = _records("a", 5), _records("b", 3)
     writer.begin()
-    assert writer.produce_records((unique, 0), first) == [0, 1, 2, 3, 4]
-    assert writer.produce_records((unique, 1), second) == [0, 1, 2]
+    # Two partitions in one call: added to the transaction together, produced together.
+    assert writer.produce_records({(unique, 0): first, (unique, 1): second}) == {
+        (unique, 0): [0, 1, 2, 3, 4],
+        (unique, 1): [0, 1, 2],
+    }
     writer.end(commit=True)
     # A second transaction on the same partitions goes on after the commit marker.
     writer.begin()
-    assert writer.produce_records((unique, 0), _records("c", 1)) == [6]
+    assert writer.produce_records({(unique, 0): _records("c", 1)}) == {(unique, 0): [6]}
     writer.end(commit=True)
 
     seen = read_all(cluster_b, unique, expected=9)
@@ -80,10 +83,10 @@ def test_an_aborted_transaction_shows_to_read_uncommitted_readers_only(
 ) -> None:
     create_topic(cluster_b, unique)
     writer.begin()
-    writer.produce_records((unique, 0), _records("gone", 4))
+    writer.produce_records({(unique, 0): _records("gone", 4)})
     writer.end(commit=False)
     writer.begin()
-    writer.produce_records((unique, 0), _records("kept", 2))
+    writer.produce_records({(unique, 0): _records("kept", 2)})
     writer.end(commit=True)
 
     assert end_offsets(cluster_b, unique) == {0: 8}  # 4 + abort marker + 2 + commit marker
@@ -99,14 +102,14 @@ def test_a_second_holder_of_the_id_fences_the_first(cluster_b: LocalCluster, uni
     tid = f"{unique}-{uuid.uuid4().hex[:6]}"
     with _clients(cluster_b, tid) as zombie:
         zombie.begin()
-        zombie.produce_records((unique, 0), _records("zombie", 3))
+        zombie.produce_records({(unique, 0): _records("zombie", 3)})
         with _clients(cluster_b, tid) as successor:
             # Taking the id over aborts the zombie's open transaction ...
             successor.begin()
-            successor.produce_records((unique, 0), _records("successor", 2))
+            successor.produce_records({(unique, 0): _records("successor", 2)})
             # ... and nothing the zombie sends or commits after is taken.
             with pytest.raises(ProducerFenced, match=f"transactional id {tid}.*fenced"):
-                zombie.produce_records((unique, 0), _records("late", 1))
+                zombie.produce_records({(unique, 0): _records("late", 1)})
             with pytest.raises(ProducerFenced):
                 zombie.end(commit=True)
             successor.end(commit=True)
