@@ -51,7 +51,7 @@ from typing import Any, Literal
 from confluent_kafka import KafkaException, TopicPartition
 
 from mm2py.dev.launcher import LocalCluster, LocalKafka
-from mm2py.dev.processes import process_tree
+from mm2py.dev.processes import environment, process_tree
 from mm2py.kafka import clients
 from mm2py.runtime.assignment import CLASSIC_SESSION_TIMEOUT_MS
 from tests.daemon_harness import RunningDaemon, mm2_properties, running_daemon
@@ -223,20 +223,6 @@ def _signal_all(pids: Sequence[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
-@contextmanager
-def _environment(name: str, value: str) -> Iterator[None]:
-    """os.environ[name] = value for the block (the nodes started in it inherit it)."""
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = before
-
-
 class Nodes:
     """`mm2py run` processes on one config, in slots 0..n-1; a slot's node can be
     killed and started again. On leaving, every node still running gets SIGTERM.
@@ -260,7 +246,7 @@ class Nodes:
     def __enter__(self) -> Nodes:
         # A node that crashes (an abort in librdkafka, say) writes every thread's Python
         # stack to its log: which call it was in.
-        self._stack.enter_context(_environment("PYTHONFAULTHANDLER", "1"))
+        self._stack.enter_context(environment("PYTHONFAULTHANDLER", "1"))
         self.slots = [self._start() for _ in range(self.count)]
         return self
 

@@ -17,21 +17,20 @@ Contract:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from mm2py.dev.jars import class_archive, fetch_jars
-from mm2py.dev.launcher import PORT_OFFSET_VARIABLE, LocalKafka
+from mm2py.dev.launcher import PORT_OFFSET_VARIABLE, LocalClusterError, LocalKafka
+from mm2py.dev.processes import environment
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +52,16 @@ def ensure() -> Path | None:
     home = Path(tempfile.mkdtemp(prefix="mm2py-class-archive-"))
     try:
         kafka = LocalKafka(home, jvm_options=[f"-XX:ArchiveClassesAtExit={partial}"])
-        with _port_offset(PORT_OFFSET):
-            (cluster,) = kafka.up(["A"], timeout=TIMEOUT)
+        with environment(PORT_OFFSET_VARIABLE, str(PORT_OFFSET)):
             try:
-                _exercise(cluster.bootstrap_servers)
-            finally:
-                kafka.stop("A", timeout=TIMEOUT)
+                (cluster,) = kafka.up(["A"], timeout=TIMEOUT)
+                try:
+                    _exercise(cluster.bootstrap_servers)
+                finally:
+                    kafka.stop("A", timeout=TIMEOUT)
+            except (LocalClusterError, KafkaException, RuntimeError) as exc:
+                log.warning("no class archive of the Kafka jars (JVMs start without): %s", exc)
+                return None
         if not partial.exists():
             log.warning("the JVM wrote no class archive at %s; JVMs start without one", partial)
             return None
@@ -103,16 +106,3 @@ def _exercise(bootstrap: str) -> None:
         consumer.commit(asynchronous=False)
     finally:
         consumer.close()
-
-
-@contextlib.contextmanager
-def _port_offset(offset: int) -> Iterator[None]:
-    before = os.environ.get(PORT_OFFSET_VARIABLE)
-    os.environ[PORT_OFFSET_VARIABLE] = str(offset)
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[PORT_OFFSET_VARIABLE]
-        else:
-            os.environ[PORT_OFFSET_VARIABLE] = before

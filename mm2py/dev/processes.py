@@ -4,7 +4,8 @@
 `kill_tree(pid)` SIGKILLs them all at once, as a crash of the machine would;
 `signal_tree(pid, sig)` sends any signal (SIGSTOP freezes a tree in place, SIGCONT lets
 it go on). Spark's Python workers, for one, run in a process group of their own, so a
-process group is not enough.
+process group is not enough. `environment(name, value)` sets a variable for a block: for
+this process and what it starts in it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,21 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def environment(name: str, value: str) -> Iterator[None]:
+    """os.environ[name] = value for the block; what it was before (or unset) after."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
 
 
 def _children(pid: int) -> list[int]:
