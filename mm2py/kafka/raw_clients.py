@@ -6,7 +6,9 @@ protocol layer (`AIOKafkaClient.send` with Fetch v11 and Produce v7 against Kafk
 - `FetchSession` (source): one Fetch at read_committed per leader broker, covering all its
   asked partitions (their own positions, `partition_max_bytes` each, `max_bytes` in all,
   the broker answering after `max_wait_ms` or once `min_bytes` are there). At most one
-  request per broker is out; `prefetch` sends the next ones and returns at once.
+  request per broker is out; `prefetch` sends the next ones and returns at once; `fetch`
+  waits for an answer at most `max_wait_ms` and ANSWER_GRACE (a frozen broker's request
+  stays out), so that its caller can stop.
 - Each leader is fetched in a KIP-227 incremental fetch session (`BrokerFetchSession`):
   the first Fetch names all its partitions and creates the session; later ones name only
   partitions new to it or asked from another position than the broker holds, and forget
@@ -80,6 +82,10 @@ FETCH_WAIT_MS = 500
 FETCH_MIN_BYTES = 1
 PARTITION_MAX_BYTES = 1 << 20
 FETCH_MAX_BYTES = 16 << 20
+# A fetch returns empty-handed once no broker has answered within its max wait and this
+# (s); a stop waits at most this long for a session to close.
+ANSWER_GRACE = 1.0
+CLOSE_TIMEOUT = 2.0
 # The source consumer's librdkafka keys that set a FetchSession's limits, where set.
 FETCH_KEYS = {
     "fetch.wait.max.ms": "max_wait_ms",
@@ -223,9 +229,14 @@ class RawLoop:
         self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
         self._thread.start()
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """`coro`'s result; past `timeout` (s) it is cancelled and TimeoutError raised."""
         future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        return future.result()
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            raise
 
     def stop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -614,14 +625,22 @@ class FetchSession(_Session):
 
     async def fetch(self, positions: Mapping[TP, int]) -> dict[TP, Fetched | OffsetOutOfRange]:
         """What the next answers bring for `positions`: sends what `prefetch` sends, waits
-        for at least one answer, and returns every answer in by then. Partitions that are
+        for at least one answer (at most `max_wait_ms` and ANSWER_GRACE), and returns every
+        answer in by then. Partitions that are
         retrying, whose answer was for another position, or that the broker left out of an
         incremental answer (nothing new: see the module), are left out."""
         await self.prefetch(positions)
         if not self._out:  # no leader known for any: wait for metadata
             await asyncio.sleep(RETRY_BACKOFF)
             return {}
-        await asyncio.wait(list(self._out.values()), return_when=asyncio.FIRST_COMPLETED)
+        # A broker that neither answers nor drops the connection (a frozen process) is
+        # not waited on past its own max wait and ANSWER_GRACE: the caller gets nothing
+        # new, can see that it should stop, and the request stays out for the next call.
+        await asyncio.wait(
+            list(self._out.values()),
+            timeout=self.max_wait_ms / 1000 + ANSWER_GRACE,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
         results: dict[TP, Fetched | OffsetOutOfRange] = {}
         for leader, task in list(self._out.items()):
             if not task.done():
@@ -1083,7 +1102,9 @@ class SessionsOnLoop:
             return
         try:
             for session in self._sessions:
-                self._loop.run(session.close())
+                # a broker that does not answer (frozen, cut off) does not hold up a stop
+                with contextlib.suppress(TimeoutError):
+                    self._loop.run(session.close(), CLOSE_TIMEOUT)
         finally:
             self._loop.stop()
             self._loop = None
@@ -1096,11 +1117,17 @@ class SessionsOnLoop:
     ) -> None:
         self.close()
 
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """`coro` run on the loop; past `timeout` (s) cancelled, and RawPartitionError."""
         if self._loop is None:
             coro.close()
             raise RuntimeError(f"{self._what} is not open")
-        return self._loop.run(coro)
+        try:
+            return self._loop.run(coro, timeout)
+        except TimeoutError:
+            raise RawPartitionError(
+                f"{self._what}: no answer within {timeout:.1f} s (the operation was cancelled)"
+            ) from None
 
 
 class RawCopyClients(SessionsOnLoop):

@@ -310,6 +310,6 @@ class RawTransactionalClients(RawCopyClients):
         """`TransactionalProduceSession.produce_records`."""
         return self._run(self.transactions.produce_records(records))
 
-    def end(self, commit: bool) -> None:
-        """`TransactionalProduceSession.end`."""
-        self._run(self.transactions.end(commit))
+    def end(self, commit: bool, timeout: float | None = None) -> None:
+        """`TransactionalProduceSession.end`, cancelled past `timeout` (s): RawPartitionError."""
+        self._run(self.transactions.end(commit), timeout)

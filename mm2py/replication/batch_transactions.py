@@ -9,7 +9,8 @@ records Connect's offsets topic holds (`ProgressStore.record`), produced by the 
 raw producer, all of a commit's offsets-topic partitions in one call (one
 AddPartitionsToTxn and one Produce, not one of each a partition). A commit or a progress
 write that fails raises TransactionFailed; an abort that fails is logged (a fenced
-writer has nothing left to abort).
+writer has nothing left to abort). A commit or an abort not answered within its timeout
+is cancelled: its outcome is the coordinator's, and the id's next holder finds it out.
 """
 
 from __future__ import annotations
@@ -58,13 +59,13 @@ class RawTransactions(TransactionWriter):
 
     def commit(self, timeout: float, where: str) -> None:
         try:
-            self.raw.end(commit=True)
+            self.raw.end(commit=True, timeout=timeout)
         except RawPartitionError as exc:
             raise TransactionFailed(f"{where}: {exc}") from None
 
     def abort(self, where: str, timeout: float) -> None:
         try:
-            self.raw.end(commit=False)
+            self.raw.end(commit=False, timeout=timeout)
         except ProducerFenced:
             pass  # the id's new holder aborted it
         except RawPartitionError as exc:

@@ -1,18 +1,21 @@
 """The batch copier's FetchSession in KIP-227 incremental fetch sessions against a real
 broker: idle partitions are answered once and then left out, a partition that gets records
 after many idle Fetches is answered with them, and after the broker restarts (its sessions
-gone) fetching goes on from where it was, nothing skipped."""
+gone) fetching goes on from where it was, nothing skipped. A frozen broker (one that keeps
+its connections and answers nothing) does not hold a fetch past its max wait and grace."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import pytest
 
 from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka import clients
-from mm2py.kafka.raw_clients import Fetched, FetchSession
+from mm2py.kafka.raw_clients import ANSWER_GRACE, Fetched, FetchSession
 from mm2py.kafka.record_batches import split_batches
 from tests.conftest import Clusters
 from tests.kafka_helpers import create_topic, end_offsets
@@ -107,3 +110,40 @@ def test_idle_partitions_are_left_out_and_a_restart_loses_nothing(
     for (_, p), offsets in reader.offsets.items():
         assert offsets == list(range(ends[p])), p  # each once, in order, none skipped
     assert {p: f.high_watermark for (_, p), f in reader.last.items()} == ends
+
+
+def test_a_frozen_broker_does_not_hold_a_fetch_and_its_records_come_after(
+    clusters: Clusters, cluster_a: LocalCluster, unique: str
+) -> None:
+    topic = unique
+    create_topic(cluster_a, topic, PARTITIONS)
+    _produce(cluster_a, topic, 0, 10)
+    broker = clusters.kafka.pid("A")
+    assert broker is not None
+
+    async def scenario() -> tuple[list[dict[TP, Fetched]], Reader]:
+        session = FetchSession(cluster_a.client_properties(), max_wait_ms=100)
+        await session.open()
+        reader = Reader(session, topic)
+        try:
+            await reader.until_at({0: 10, 1: 0, 2: 0, 3: 0}, timeout=30)
+            os.killpg(broker, signal.SIGSTOP)  # connections stay open, nothing answers
+            try:
+                # each call gives up waiting (max wait + grace) rather than hang until the
+                # request times out (30 s); 10 s is far above the 1.1 s it should take
+                frozen = [
+                    await asyncio.wait_for(reader.fetch(), 10 * (0.1 + ANSWER_GRACE))
+                    for _ in range(3)
+                ]
+            finally:
+                os.killpg(broker, signal.SIGCONT)
+            await asyncio.to_thread(_produce, cluster_a, topic, 1, 15)
+            await reader.until_at({0: 10, 1: 15, 2: 0, 3: 0}, timeout=60)
+            return frozen, reader
+        finally:
+            await session.close()
+
+    frozen, reader = asyncio.run(scenario())
+    assert frozen == [{}] * 3
+    assert reader.offsets[(topic, 0)] == list(range(10))
+    assert reader.offsets[(topic, 1)] == list(range(15))
