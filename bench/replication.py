@@ -20,10 +20,10 @@ alone (``alone_records_per_s``, the summary's ``mm2py_vs_pipe_limit_alone``) is 
 as a looser bound: alone, a half has both cores and one busy broker. Then mm2py again
 exactly-once (``mm2py-exactly-once``: ``B.exactly.once.source.support = enabled``,
 ``exactly.once.support = required``, the commit interval mm2py's default unless
-``--transaction-interval-ms``; in the default mode, which copies an exactly-once flow
-record by record), and ``mm2py-exactly-once-batch`` (the same with
-``replication.copy.mode = batch``: raw batches in mm2py's own transactions; the summary
-gives it against the former): each copy ends when a read_committed reader can see
+``--transaction-interval-ms``; in the default mode, which passes batches through in
+mm2py's own transactions), and ``mm2py-exactly-once-record`` (the same with
+``replication.copy.mode = record``: records in librdkafka's transactions; the summary
+gives the former against it): each copy ends when a read_committed reader can see
 every record, and its records on B are counted by reading them so. ``--workloads avro``
 (alone): 2,000,000 x 100 B records in Confluent's framing (a registered Avro schema's
 id, then its payload), copied by mm2py without (``mm2py``) and with schema id
@@ -35,7 +35,7 @@ compressed`` (issue 29): 1,000,000 x 1 KiB JSON-like records (bench.workload's
 compressible), produced into A zstd-compressed in batches of about 64 KiB on the log
 (``COMPRESSED_PRODUCER_PROPS``), its label ending ``-zstd``; every system gets
 ``B.producer.compression.type = zstd`` except mm2py in its default mode (and
-``mm2py-exactly-once-batch``), whose batch pass-through keeps the source's zstd
+``mm2py-exactly-once``), whose batch pass-through keeps the source's zstd
 batches (the key would make ``auto`` copy records, to compress as asked), and each line
 has ``source_batches`` (partition 0's batches as stored, fetched raw: their count,
 sizes, records per batch and the compression ratio).
@@ -166,16 +166,16 @@ COPIES: Final = 3
 # Fresh clusters keep their data in memory when it has room (see the docstring).
 MEMORY_DIR: Final = Path("/dev/shm")
 MEMORY_NEEDED: Final = 12 << 30
-# mm2py copying exactly-once: B.exactly.once.source.support = enabled.
+# mm2py copying exactly-once: B.exactly.once.source.support = enabled (the default mode
+# passes batches through, in mm2py's own transactions).
 MM2PY_EOS: Final = "mm2py-exactly-once"
 # mm2py copying record by record: replication.copy.mode = record (the default mode,
 # auto, passes batches through where it keeps the flow's guarantees).
 MM2PY_RECORD: Final = "mm2py-record"
-# mm2py copying exactly-once with batch pass-through (replication.copy.mode = batch: its
-# own transactions of raw batches; MM2PY_EOS, in the default mode, copies record by
-# record in librdkafka's).
-MM2PY_EOS_BATCH: Final = "mm2py-exactly-once-batch"
-EXACTLY_ONCE_SYSTEMS: Final = (MM2PY_EOS, MM2PY_EOS_BATCH)
+# mm2py copying exactly-once record by record (replication.copy.mode = record: in
+# librdkafka's transactions).
+MM2PY_EOS_RECORD: Final = "mm2py-exactly-once-record"
+EXACTLY_ONCE_SYSTEMS: Final = (MM2PY_EOS, MM2PY_EOS_RECORD)
 # mm2py with schema.registry.sync.enabled (the avro workload only).
 MM2PY_SCHEMAS: Final = "mm2py-schemas"
 # Framed Avro records: 5 bytes of framing, then an Avro record of one string field.
@@ -184,8 +184,8 @@ AVRO_SCHEMA: Final = (
     '{"type": "record", "name": "BenchRecord", "namespace": "mm2py.bench",'
     ' "fields": [{"name": "data", "type": "string"}]}'
 )
-SYSTEMS: Final = (PIPE_LIMIT, MIRRORMAKER2, MM2PY, MM2PY_RECORD, MM2PY_EOS, MM2PY_EOS_BATCH)
-REPLICATORS: Final = (MIRRORMAKER2, MM2PY, MM2PY_RECORD, MM2PY_EOS, MM2PY_EOS_BATCH)
+SYSTEMS: Final = (PIPE_LIMIT, MIRRORMAKER2, MM2PY, MM2PY_RECORD, MM2PY_EOS, MM2PY_EOS_RECORD)
+REPLICATORS: Final = (MIRRORMAKER2, MM2PY, MM2PY_RECORD, MM2PY_EOS, MM2PY_EOS_RECORD)
 WORKLOADS: Final = {
     "large": STANDARD_WORKLOADS[0],
     "small": STANDARD_WORKLOADS[1],
@@ -385,10 +385,8 @@ def replicating(
     props.update(settings or {})
     if system in EXACTLY_ONCE_SYSTEMS:
         props.update(exactly_once_properties(target, interval_ms))
-    if system == MM2PY_RECORD:
+    if system in (MM2PY_RECORD, MM2PY_EOS_RECORD):
         props["replication.copy.mode"] = "record"
-    if system == MM2PY_EOS_BATCH:
-        props["replication.copy.mode"] = "batch"
     if system == MIRRORMAKER2:
         mm2 = RealMirrorMaker(props, run_dir / f"mm2-{topic}", heap=MM2_HEAP)
         with mm2:
@@ -442,7 +440,7 @@ def replication_throughput(
         # Compressed workloads: every system writes B compressed alike (MM2 would
         # otherwise write it uncompressed), but mm2py's default mode, whose batches keep
         # the source's codec as they are (the key would make it copy records).
-        if system not in (MM2PY, MM2PY_EOS_BATCH):
+        if system not in (MM2PY, MM2PY_EOS):
             settings = {
                 f"{target.alias}.producer.compression.type": workload.compression,
                 **(settings or {}),
@@ -985,18 +983,18 @@ def summary(
             }
         )
     for (system, workload), line in by.items():
-        if system != MM2PY_EOS_BATCH:
+        if system != MM2PY_EOS_RECORD:
             continue
-        eos = by.get((MM2PY_EOS, workload), {})
+        eos = by.get((MM2PY_EOS, workload), {})  # the default mode: batches
         rate, cpu = line.get("records_per_s"), line.get("cpu_s_per_m_records")
         workloads.setdefault(workload, {}).update(
             {
-                "exactly_once_batch_records_per_s": rate,
-                "exactly_once_batch_vs_record": _ratio(rate, eos.get("records_per_s")),
-                "exactly_once_batch_cpu_s_per_m_records": cpu,
-                "exactly_once_batch_cpu_vs_record": _ratio(cpu, eos.get("cpu_s_per_m_records")),
-                "exactly_once_batch_p50_ms": line.get("p50_ms"),
-                "exactly_once_batch_p99_ms": line.get("p99_ms"),
+                "exactly_once_record_records_per_s": rate,
+                "exactly_once_vs_record": _ratio(eos.get("records_per_s"), rate),
+                "exactly_once_record_cpu_s_per_m_records": cpu,
+                "exactly_once_cpu_vs_record": _ratio(eos.get("cpu_s_per_m_records"), cpu),
+                "exactly_once_record_p50_ms": line.get("p50_ms"),
+                "exactly_once_record_p99_ms": line.get("p99_ms"),
             }
         )
     for (system, workload), line in by.items():

@@ -6,8 +6,8 @@ has the details and the counting). A read_committed read of the remote topic mus
 have:
 
 - exactly-once (`B.exactly.once.source.support = enabled`): every record exactly once,
-  in order per partition, in the default mode (which copies exactly-once flows record by
-  record) and with batch pass-through forced (`replication.copy.mode = batch`);
+  in order per partition, in the default mode (batch pass-through in mm2py's own
+  transactions) and with the record copier forced (`replication.copy.mode = record`);
 - at-least-once (the key absent): no record lost (repeats allowed, and counted), in the
   default mode (batch pass-through) and with the record copier forced
   (`replication.copy.mode = record`);
@@ -74,11 +74,11 @@ def test_at_least_once_loses_nothing_under_kills_broker_loss_and_a_zombie(
 @pytest.mark.parametrize(
     "copy_mode",
     [
-        # The default mode, auto, which copies an exactly-once flow record by record, in
-        # librdkafka's transactions.
+        # The default mode, batch pass-through in mm2py's own transactions
+        # (mm2py.kafka.raw_transactions).
         pytest.param(None, id="default"),
-        # Batch pass-through in mm2py's own transactions (mm2py.kafka.raw_transactions).
-        pytest.param("batch", id="batch"),
+        # The record copier, in librdkafka's transactions.
+        pytest.param("record", id="record"),
     ],
 )
 def test_exactly_once_copies_every_record_once_in_order_under_kills_broker_loss_and_a_zombie(

@@ -139,11 +139,9 @@ def test_raw_connection_problem_names_the_key() -> None:
     assert raw_connection_problem({"security.protocol": "PLAINTEXT", "ssl.ca.pem": "x"}) is None
 
 
-def test_exactly_once_copies_records_under_auto_and_batches_when_asked(tmp_path: Path) -> None:
+def test_exactly_once_passes_batches_under_auto_and_copies_records_when_asked(
+    tmp_path: Path,
+) -> None:
     eos = "B.exactly.once.source.support = enabled\n"
-    copier, reason = load(tmp_path, eos)
-    assert copier == "record"
-    assert reason.startswith("exactly.once.support: ") and "replication.copy.mode = batch" in (
-        reason
-    )
-    assert load(tmp_path, eos + "A->B.replication.copy.mode = batch\n") == ("batch", "")
+    assert load(tmp_path, eos) == ("batch", "")
+    assert load(tmp_path, eos + "A->B.replication.copy.mode = record\n") == ("record", "")
