@@ -20,17 +20,24 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from bench.report import logs_dir
 from bench.topics import create_topic, end_offsets
-from bench.workload import MIB, Throughput, Workload
+from bench.workload import (
+    COMPRESSED_PRODUCER_PROPS,
+    MIB,
+    Throughput,
+    Workload,
+    json_like_values,
+)
 from mm2py.dev.jars import java_command
 from mm2py.dev.launcher import LocalCluster
+from mm2py.kafka import clients
 
 PRODUCER_PERFORMANCE: Final = "org.apache.kafka.tools.ProducerPerformance"
 
@@ -347,11 +354,14 @@ def rdkafka_producer_runs(
 ) -> list[ToolRun]:
     """librdkafka alone (bench.rdkafka_perf) producing the workload into an existing
     topic, in `processes` Python processes of an equal share each; `start_at`: the
-    epoch time they begin at once connected (None: at once)."""
+    epoch time they begin at once connected (None: at once). A compressed workload's
+    records are JSON-like documents (``--json-values``), as its prefill's."""
     settings = [f"{k}={v}" for k, v in props.items()]
+    values = [] if workload.compression == "none" else ["--json-values"]
     return [
         _rdkafka_perf(
             [
+                *values,
                 "produce",
                 cluster.bootstrap_servers,
                 topic,
@@ -396,8 +406,42 @@ def check_consumed(windows: Sequence[Window], topic: str, workload: Workload, to
 
 
 def prefill(cluster: LocalCluster, topic: str, workload: Workload) -> Throughput:
-    """Create `topic` on `cluster` and fill it with the workload, as fast as Kafka can."""
+    """Create `topic` on `cluster` and fill it with the workload, as fast as Kafka can; a
+    compressed workload's JSON-like documents as COMPRESSED_PRODUCER_PROPS says."""
+    if workload.compression != "none":
+        values = json_like_values(workload.records, workload.record_bytes)
+        props = {**COMPRESSED_PRODUCER_PROPS, "compression.type": workload.compression}
+        return prefill_values(cluster, topic, workload, values, props)
     create_topic(cluster, topic, workload.partitions)
     result = producer_performance(cluster, topic, workload)
     check_produced(cluster, topic, workload, f"prefill of {topic}")
     return result
+
+
+def prefill_values(
+    cluster: LocalCluster,
+    topic: str,
+    workload: Workload,
+    values: Iterable[bytes],
+    producer_props: Mapping[str, Any],
+) -> Throughput:
+    """Create `topic` and produce `values` into it, round robin over its partitions;
+    raises unless it then holds `workload.records` records. Its rate and this process's
+    CPU (the producer is librdkafka in it)."""
+    create_topic(cluster, topic, workload.partitions)
+    producer = clients.producer(cluster.client_properties(), producer_props)
+    started, cpu = time.monotonic(), time.process_time()
+    for i, value in enumerate(values):
+        while True:
+            try:
+                producer.produce(topic, value, None, i % workload.partitions)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(120)
+    seconds = max(time.monotonic() - started, 1e-9)
+    check_produced(cluster, topic, workload, f"prefill of {topic}")
+    rate = workload.records / seconds
+    return Throughput(
+        workload.records, rate, rate * workload.record_bytes / MIB, time.process_time() - cpu
+    )

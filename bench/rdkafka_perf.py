@@ -4,14 +4,17 @@
     python -m bench.rdkafka_perf consume <bootstrap> <topic> <records> [k=v ...]
     python -m bench.rdkafka_perf --start-at <epoch seconds> produce|consume ...
 
-`produce` sends `records` records of `record_bytes` random bytes (no key; RUN_RECORDS
-to one partition, then as many to the next, the partitions in turn) with the given
-producer settings and no delivery callbacks, waits for every acknowledgement and
-prints one JSON line: records, seconds (first produce to last acknowledgement;
-interpreter start-up, connecting and an idempotent producer's wait for its producer id
-excluded), left (records still not acknowledged after 5 minutes), and ``start`` and
-``end``: that window in wall-clock time (Unix epoch seconds). A record the target
-rejected is not reported (no callbacks): the caller counts what the topic holds.
+`produce` sends `records` records of `record_bytes` random bytes (with
+``--json-values``, bench.workload's JSON-like documents instead: TEMPLATES of them made
+before connecting, in turn, so that a compressing producer compresses as on the
+compressed workload; no key; RUN_RECORDS to one partition, then as many to the next,
+the partitions in turn) with the given producer settings and no delivery callbacks,
+waits for every acknowledgement and prints one JSON line: records, seconds (first
+produce to last acknowledgement; interpreter start-up, connecting and an idempotent
+producer's wait for its producer id excluded), left (records still not acknowledged
+after 5 minutes), and ``start`` and ``end``: that window in wall-clock time (Unix epoch
+seconds). A record the target rejected is not reported (no callbacks): the caller
+counts what the topic holds.
 
 `consume` reads every partition of `topic` from its beginning (no group) until
 `records` records came, in batches, and prints records, seconds (first record
@@ -35,6 +38,8 @@ import sys
 import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+
+from bench.workload import TEMPLATES, json_like_values
 
 # Records produced to one partition before the next, as a replicator writes what it
 # read: a batch of 5,000 from 8 partitions. Against one record per partition in turn
@@ -70,7 +75,13 @@ def produce(
     record_bytes: int,
     settings: list[str],
     start_at: float | None = None,
+    json_values: bool = False,
 ) -> int:
+    values = (
+        list(json_like_values(min(records, TEMPLATES), record_bytes))
+        if json_values
+        else [os.urandom(record_bytes)]
+    )
     idempotence: dict[str, str | None] = {"state": None}
 
     def on_stats(raw: str) -> None:
@@ -92,14 +103,13 @@ def produce(
         producer.poll(0.01)
     if idempotence["state"] not in ("", "Assigned"):
         raise SystemExit(f"no producer id from {bootstrap}: {idempotence['state']}")
-    payload = os.urandom(record_bytes)
-    send, poll = producer.produce, producer.poll
+    send, poll, pool = producer.produce, producer.poll, len(values)
     _wait_until(start_at)
     start = time.time()
     for i in range(records):
         while True:
             try:
-                send(topic, payload, None, (i // RUN_RECORDS) % partitions)
+                send(topic, values[i % pool], None, (i // RUN_RECORDS) % partitions)
                 break
             except BufferError:
                 poll(0.005)
@@ -139,6 +149,9 @@ def consume(
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench.rdkafka_perf")
     parser.add_argument("--start-at", type=float, help="epoch seconds to begin at")
+    parser.add_argument(
+        "--json-values", action="store_true", help="produce JSON-like documents, not random bytes"
+    )
     parser.add_argument("mode", choices=("produce", "consume"))
     parser.add_argument("bootstrap")
     parser.add_argument("topic")
@@ -148,7 +161,13 @@ def main(argv: list[str]) -> int:
     if args.mode == "produce":
         record_bytes, *settings = args.rest
         return produce(
-            args.bootstrap, args.topic, args.records, int(record_bytes), settings, args.start_at
+            args.bootstrap,
+            args.topic,
+            args.records,
+            int(record_bytes),
+            settings,
+            args.start_at,
+            args.json_values,
         )
     return consume(args.bootstrap, args.topic, args.records, args.rest, args.start_at)
 

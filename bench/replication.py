@@ -15,16 +15,18 @@ measured is in its docstring), then MM2 and then mm2py, each copying its own
 pre-filled topic from A to B, COPIES times (``--copies``): a replicator's line is its
 fastest copy, as the pipe limit is its fastest run, with every copy's records/s and
 CPU in ``copies`` and their medians (the summary's ``mm2py_vs_mm2_median``). No
-replicator may beat the pipe limit; the summary says so if one does. The slower half
-alone (``alone_records_per_s``, the summary's ``mm2py_vs_pipe_limit_alone``) is kept
-as a looser bound: alone, a half has both cores and one busy broker. Then mm2py again
-exactly-once (``mm2py-exactly-once``: ``B.exactly.once.source.support = enabled``,
-``exactly.once.support = required``, the commit interval mm2py's default unless
-``--transaction-interval-ms``; in the default mode, which passes batches through in
-mm2py's own transactions), and ``mm2py-exactly-once-record`` (the same with
-``replication.copy.mode = record``: records in librdkafka's transactions; the summary
-gives the former against it): each copy ends when a read_committed reader can see
-every record, and its records on B are counted by reading them so. ``--workloads avro``
+replicator that copies records (RECORD_PIPES) may beat the pipe limit; the summary says
+so if one does (``beyond_pipe_limit``). Batch pass-through is not a record pipe and
+may. The slower half alone (``alone_records_per_s``, the summary's
+``mm2py_vs_pipe_limit_alone``) is kept as a looser bound: alone, a half has both
+cores and one busy broker. Then mm2py again exactly-once (``mm2py-exactly-once``:
+``B.exactly.once.source.support = enabled``, ``exactly.once.support = required``, the
+commit interval mm2py's default unless ``--transaction-interval-ms``; in the default
+mode, which passes batches through in mm2py's own transactions), and
+``mm2py-exactly-once-record`` (the same with ``replication.copy.mode = record``:
+records in librdkafka's transactions; the summary gives the former against it): each
+copy ends when a read_committed reader can see every record, and its records on B are
+counted by reading them so. ``--workloads avro``
 (alone): 2,000,000 x 100 B records in Confluent's framing (a registered Avro schema's
 id, then its payload), copied by mm2py without (``mm2py``) and with schema id
 translation (``mm2py-schemas``: ``schema.registry.sync.enabled``, a registry beside
@@ -39,9 +41,10 @@ compressible), produced into A zstd-compressed in batches of about 64 KiB on the
 batches (the key would make ``auto`` copy records, to compress as asked), and each line
 has ``source_batches`` (partition 0's batches as stored, fetched raw: their count,
 sizes, records per batch and the compression ratio).
-Its pipe limit is not measured yet (bench.pipe_limit's tools produce random,
-uncompressed bytes): its line is an error saying so. ``mm2py`` is mm2py's default mode
-(``replication.copy.mode = auto``, which passes batches through at-least-once);
+Its pipe limit reads that topic and writes the same kind of documents into B compressed
+as the replicators are told to (librdkafka's producer only: the JVM tool's records are
+random bytes): a record pipe, which pass-through is not bound by. ``mm2py`` is mm2py's
+default mode (``replication.copy.mode = auto``, which passes batches through);
 ``mm2py-record`` is the record copier (``replication.copy.mode = record``; one of the
 default systems, so it copies the other workloads too). The summary gives, per
 workload, mm2py-record / MM2 in records/s and CPU per record, and issue 29's targets
@@ -105,7 +108,7 @@ import socket
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import partial
@@ -113,7 +116,7 @@ from typing import Any, Final
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from bench.perf_tools import ToolError, check_produced, prefill, producer_performance
+from bench.perf_tools import ToolError, prefill, prefill_values, producer_performance
 from bench.pipe_limit import pipe_limit
 from bench.processes import PeakRss, ProcessCpu
 from bench.replicators import (
@@ -140,7 +143,6 @@ from bench.workload import (
     STANDARD_WORKLOADS,
     Workload,
     cpu_per_million,
-    json_like_values,
 )
 from mm2py.cache import cache_root
 from mm2py.config.models import DEFAULT_TRANSACTION_INTERVAL_MS
@@ -176,6 +178,8 @@ MM2PY_RECORD: Final = "mm2py-record"
 # librdkafka's transactions).
 MM2PY_EOS_RECORD: Final = "mm2py-exactly-once-record"
 EXACTLY_ONCE_SYSTEMS: Final = (MM2PY_EOS, MM2PY_EOS_RECORD)
+# The systems that copy record by record (the pipe limit bounds these).
+RECORD_PIPES: Final = (MIRRORMAKER2, MM2PY_RECORD, MM2PY_EOS_RECORD)
 # mm2py with schema.registry.sync.enabled (the avro workload only).
 MM2PY_SCHEMAS: Final = "mm2py-schemas"
 # Framed Avro records: 5 bytes of framing, then an Avro record of one string field.
@@ -190,18 +194,6 @@ WORKLOADS: Final = {
     "large": STANDARD_WORKLOADS[0],
     "small": STANDARD_WORKLOADS[1],
     "compressed": COMPRESSED_WORKLOAD,
-}
-# The compressed workload's producer into A: zstd, batches of about
-# COMPRESSED_BATCH_BYTES on the log. librdkafka's batch.size bounds a batch's records
-# before compression, so it is that times the ratio (5.5 measured on this workload: see
-# docs/benchmarks.md);
-# the linger lets every batch fill.
-COMPRESSED_BATCH_BYTES: Final = 64 << 10
-COMPRESSED_PRODUCER_PROPS: Final = {
-    "acks": "1",
-    "compression.type": "zstd",
-    "batch.size": str(COMPRESSED_BATCH_BYTES * 11 // 2),
-    "linger.ms": "100",
 }
 # Issue 29's targets for mm2py's default mode, in one run: on the compressed workload at
 # least this many times MM2's records/s, at no more than this fraction of its CPU per
@@ -497,31 +489,8 @@ def compressed_prefill(cluster: LocalCluster, topic: str, workload: Workload) ->
     """Create `topic` and fill it with `workload.records` JSON-like records
     (bench.workload.json_like_values) produced `workload.compression`-compressed in batches
     of about COMPRESSED_BATCH_BYTES on the log; what its batches hold, from partition 0."""
-    values = json_like_values(workload.records, workload.record_bytes)
-    prefill(cluster, topic, workload, values, COMPRESSED_PRODUCER_PROPS)
+    prefill(cluster, topic, workload)
     return source_batches(cluster, topic, workload.record_bytes)
-
-
-def prefill(
-    cluster: LocalCluster,
-    topic: str,
-    workload: Workload,
-    values: Iterable[bytes],
-    producer_props: Mapping[str, Any],
-) -> None:
-    """Create `topic` and produce `values` into it, round robin over its partitions;
-    raises unless it then holds `workload.records` records."""
-    create_topic(cluster, topic, workload.partitions)
-    producer = clients.producer(cluster.client_properties(), producer_props)
-    for i, value in enumerate(values):
-        while True:
-            try:
-                producer.produce(topic, value, None, i % workload.partitions)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush(120)
-    check_produced(cluster, topic, workload, f"prefill of {topic}")
 
 
 def source_batches(cluster: LocalCluster, topic: str, record_bytes: int) -> dict[str, Any]:
@@ -573,7 +542,7 @@ def avro_prefill(schema_id: int, cluster: LocalCluster, topic: str, workload: Wo
         for i in range(workload.records)
     )
     props = {"linger.ms": 20, "batch.size": 1000000, "acks": "1"}
-    prefill(cluster, topic, workload, values, props)
+    prefill_values(cluster, topic, workload, values, props)
 
 
 @contextmanager
@@ -1012,10 +981,12 @@ def summary(
         )
     for workload, figures in workloads.items():
         figures["mm2py_targets"] = mm2py_targets(workload, figures)
+    # The pipe limit is a record pipe (a consumer and a producer of records): it bounds
+    # the replicators that copy records, not batch pass-through (mm2py's default mode).
     beyond = [
         f"{system} on {workload}: {line['records_per_s']} > {limit['records_per_s']}"
         for (system, workload), line in by.items()
-        if system in REPLICATORS
+        if system in RECORD_PIPES
         and (limit := by.get((PIPE_LIMIT, workload))) is not None
         and (line.get("records_per_s") or 0) > (limit.get("records_per_s") or 0)
     ]
@@ -1133,17 +1104,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for workload in workloads:
             for system in (s for s in SYSTEMS if s in args.systems):
-                if system == PIPE_LIMIT and workload.compression != "none":
-                    # bench.pipe_limit's tools produce random, uncompressed bytes.
-                    emit(
-                        {
-                            "system": system,
-                            "workload": workload.label,
-                            "error": "not measured: bench.pipe_limit cannot produce "
-                            f"{workload.compression}-compressed JSON-like records yet",
-                        }
-                    )
-                elif system == PIPE_LIMIT:
+                if system == PIPE_LIMIT:
                     measure(system, workload.label, partial(pipe_limit_line, workload))
                 else:
                     run = partial(
