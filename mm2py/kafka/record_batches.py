@@ -18,7 +18,10 @@
   deltas counted from the run's first batch. A producer that sends as it goes (linger 0)
   writes a batch a record; produced as they are, each would be a Produce request of its
   own on the target. Compressed batches are never merged (that would mean decoding them).
-CRC-32C is aiokafka's Cython `calc_crc32c`: 0.06 ms for 64 KiB, a pure-Python table 115 ms.
+CRC-32C is google-crc32c's, on the CPU's own instruction: 4.5 us for 64 KiB, where
+aiokafka's Cython table takes 47 us (8-13% of a task's CPU in pass-through) and a
+pure-Python one 115 ms. Where google-crc32c has only its pure-Python fallback (no wheel
+for the platform), aiokafka's is used.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import google_crc32c
 from aiokafka.record.util import calc_crc32c as _calc_crc32c
 
 # Offsets of a v2 batch's fields (DefaultRecordBatch.java).
@@ -68,9 +72,14 @@ class CorruptBatchError(ValueError):
     """Bytes that cannot be a record batch (not a short tail: that is `Split.truncated`)."""
 
 
+_checksum = google_crc32c.value if google_crc32c.implementation == "c" else _calc_crc32c
+
+
 def crc32c(data: bytes | bytearray | memoryview) -> int:
     """CRC-32C (Castagnoli) of `data`, as Kafka's v2 batches carry it."""
-    return int(_calc_crc32c(bytes(data) if isinstance(data, memoryview) else data))
+    # google-crc32c takes read-only bytes only (a copy costs 2 us for 64 KiB)
+    whole = data if isinstance(data, bytes) else bytes(data)
+    return int(_checksum(whole))
 
 
 class Compression(enum.IntEnum):
