@@ -626,9 +626,9 @@ class FetchSession(_Session):
     async def fetch(self, positions: Mapping[TP, int]) -> dict[TP, Fetched | OffsetOutOfRange]:
         """What the next answers bring for `positions`: sends what `prefetch` sends, waits
         for at least one answer (at most `max_wait_ms` and ANSWER_GRACE), and returns every
-        answer in by then. Partitions that are
-        retrying, whose answer was for another position, or that the broker left out of an
-        incremental answer (nothing new: see the module), are left out."""
+        answer in by then. Partitions that are retrying, whose answer was for another
+        position, or that the broker left out of an incremental answer (nothing new: see
+        the module), are left out."""
         await self.prefetch(positions)
         if not self._out:  # no leader known for any: wait for metadata
             await asyncio.sleep(RETRY_BACKOFF)
