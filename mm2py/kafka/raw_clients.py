@@ -221,6 +221,10 @@ def client_settings(props: Mapping[str, str]) -> dict[str, Any]:
     return settings
 
 
+class LoopTimeout(TimeoutError):
+    """`RawLoop.run` gave up waiting (not a TimeoutError the coroutine raised itself)."""
+
+
 class RawLoop:
     """An asyncio loop on a thread of its own; `run` waits for a coroutine on it."""
 
@@ -230,13 +234,15 @@ class RawLoop:
         self._thread.start()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """`coro`'s result; past `timeout` (s) it is cancelled and TimeoutError raised."""
+        """`coro`'s result; past `timeout` (s) it is cancelled and LoopTimeout raised."""
         future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return future.result(timeout)
         except TimeoutError:
+            if future.done():
+                raise  # the coroutine's own
             future.cancel()
-            raise
+            raise LoopTimeout(f"no answer within {timeout} s") from None
 
     def stop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -1103,7 +1109,7 @@ class SessionsOnLoop:
         try:
             for session in self._sessions:
                 # a broker that does not answer (frozen, cut off) does not hold up a stop
-                with contextlib.suppress(TimeoutError):
+                with contextlib.suppress(LoopTimeout):
                     self._loop.run(session.close(), CLOSE_TIMEOUT)
         finally:
             self._loop.stop()
@@ -1124,9 +1130,9 @@ class SessionsOnLoop:
             raise RuntimeError(f"{self._what} is not open")
         try:
             return self._loop.run(coro, timeout)
-        except TimeoutError:
+        except LoopTimeout:
             raise RawPartitionError(
-                f"{self._what}: no answer within {timeout:.1f} s (the operation was cancelled)"
+                f"{self._what}: no answer within {timeout} s (the operation was cancelled)"
             ) from None
 
 

@@ -18,8 +18,10 @@ from mm2py.kafka.raw_clients import (
     Fetched,
     FetchSession,
     IdempotentProduceSession,
+    LoopTimeout,
     OffsetOutOfRange,
     RawCopyClients,
+    RawLoop,
     RawPartitionError,
 )
 from mm2py.kafka.record_batches import split_batches
@@ -261,3 +263,23 @@ def test_a_rejected_batch_is_its_partitions_result_alone() -> None:
         assert "max.message.bytes" in str(rejected)
         # the refused batch was not appended: the partition's sequence goes on from it
         assert raw.produce_session.sequences[("A.t", 1)] == 3
+
+
+def test_the_loop_gives_up_waiting_apart_from_a_coroutines_own_timeout() -> None:
+    async def slow() -> int:
+        await asyncio.sleep(30)
+        return 1
+
+    async def own_timeout() -> None:
+        raise TimeoutError("the coroutine's")
+
+    loop = RawLoop("test-loop")
+    try:
+        with pytest.raises(LoopTimeout):
+            loop.run(slow(), 0.05)
+        with pytest.raises(TimeoutError, match="the coroutine's") as raised:
+            loop.run(own_timeout(), 5)
+        assert not isinstance(raised.value, LoopTimeout)
+        assert loop.run(asyncio.sleep(0, result=7), 5) == 7
+    finally:
+        loop.stop()
