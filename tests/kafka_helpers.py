@@ -143,18 +143,22 @@ def read_all(
 ) -> list[Rec]:
     """Every record of `topic` from the beginning up to the current end offsets.
 
-    With `expected`, keep reading until that many records arrived (or time out).
+    With `expected`, keep reading until that many records arrived (or time out), from a
+    topic that may not exist yet: a daemon just started creates its remote topics after
+    the caller starts reading.
     """
     consumer = clients.consumer(
         cluster.client_properties(),
         {"isolation.level": isolation, "enable.partition.eof": True},
     )
     try:
-        meta = consumer.list_topics(topic, timeout=10).topics[topic]
-        parts = sorted(meta.partitions)
+        deadline = time.monotonic() + timeout
+        parts = _partitions(consumer, topic)
+        while not parts and expected is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            parts = _partitions(consumer, topic)
         consumer.assign([TopicPartition(topic, p, 0) for p in parts])
         out: list[Rec] = []
-        deadline = time.monotonic() + timeout
         eof: set[int] = set()
         while time.monotonic() < deadline:
             msg = consumer.poll(0.5)
@@ -185,6 +189,12 @@ def read_all(
         return out
     finally:
         consumer.close()
+
+
+def _partitions(consumer: Any, topic: str) -> list[int]:
+    """`topic`'s partitions, none while it does not exist."""
+    meta = consumer.list_topics(topic, timeout=10).topics[topic]
+    return [] if meta.error is not None else sorted(meta.partitions)
 
 
 # Errors of a partition whose leader is not known yet, as right after its topic was
