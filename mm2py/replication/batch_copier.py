@@ -279,15 +279,15 @@ class BatchCopier:
             for item in items:
                 self.reasons[item.reason.value] += 1
             rounds[where] = _Round(part, result, merge_small(items))
+        # The next fetch goes out with this round's produce, from where this round ends:
+        # its answers are read in the next round, after this round's batches are
+        # acknowledged.
+        ahead = None
         if not give_up():
-            # The next fetch goes out now, from where this round ends: its answers are read
-            # in the next round, after this round's batches are acknowledged.
-            self.raw.prefetch(
-                {k: rounds[k].end if k in rounds else p.position for k, p in parts.items()}
-            )
+            ahead = {k: rounds[k].end if k in rounds else p.position for k, p in parts.items()}
         if any(r.items for r in rounds.values()):
             self.committer.records_read()  # exactly-once: a transaction is open
-        self._pass_rounds([r for r in rounds.values() if r.passes_only], wall)
+        self._pass_rounds([r for r in rounds.values() if r.passes_only], wall, ahead)
         for r in rounds.values():
             if not r.passes_only and r.part.state.failure is None:
                 self._copy_in_order(r, wall)
@@ -296,13 +296,16 @@ class BatchCopier:
                 r.part.state.stats.lag = max(r.fetched.high_watermark - r.part.position, 0)
                 self._sync_position(r.part)
 
-    def _pass_rounds(self, rounds: list[_Round], wall: float) -> None:
+    def _pass_rounds(
+        self, rounds: list[_Round], wall: float, ahead: Mapping[SourcePartition, int] | None
+    ) -> None:
         """Produce the PASS batches of partitions that have nothing to go record by record,
-        all in one `produce`; DROP batches only move the position."""
+        all in one `produce`, which first sends the next fetch, from `ahead` (None: none);
+        DROP batches only move the position."""
         batches = {
             r.part.remote: [i.batch for i in r.items if i.decision is Decision.PASS] for r in rounds
         }
-        produced = self.raw.produce({k: v for k, v in batches.items() if v})
+        produced = self.raw.produce({k: v for k, v in batches.items() if v}, prefetch=ahead)
         for r in rounds:
             key = r.part.remote
             outcome = produced.get(key)

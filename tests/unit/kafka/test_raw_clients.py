@@ -181,7 +181,7 @@ def test_one_fetch_per_leader_covers_all_its_partitions() -> None:
 def test_an_answer_for_a_position_the_copier_left_is_not_used() -> None:
     client = Client({("t", 0): 1, ("t", 1): 1})
     with clients(client) as raw:
-        raw.prefetch({("t", 0): 3, ("t", 1): 7})
+        raw.produce({}, prefetch={("t", 0): 3, ("t", 1): 7})
         got = raw.fetch({("t", 0): 10, ("t", 1): 7})  # t-0 was moved meanwhile
         assert list(got) == [("t", 1)]
         assert raw.fetch({("t", 0): 10, ("t", 1): 8})[("t", 0)].position == 10  # type: ignore[union-attr]

@@ -118,17 +118,20 @@ class FakeRaw:
                 out[key] = exc
         return out
 
-    def prefetch(self, positions: dict[tuple[str, int], int]) -> None:
-        self.prefetched.append(dict(positions))
-
     def discard_fetches(self) -> None:
         self.discarded += 1
 
     discarded = 0
 
     def produce(
-        self, batches: dict[tuple[str, int], list[RecordBatch]]
+        self,
+        batches: dict[tuple[str, int], list[RecordBatch]],
+        prefetch: dict[tuple[str, int], int] | None = None,
     ) -> dict[tuple[str, int], Any]:
+        if prefetch is not None:
+            self.prefetched.append(dict(prefetch))
+        if not batches:
+            return {}
         self.produce_calls.append(sorted(batches))
         out: dict[tuple[str, int], Any] = {}
         for key, items in batches.items():
