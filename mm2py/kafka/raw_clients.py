@@ -17,6 +17,7 @@ protocol layer (`AIOKafkaClient.send` with Fetch v11 and Produce v7 against Kafk
   callers keep the watermarks of its last answer. A lost or refused Fetch, a session
   error, a retriable partition error or a pause (`discard`) makes that leader's next
   Fetch full (a new session); a partition whose leader moved is forgotten by the old one.
+  Closing the FetchSession closes its sessions on the brokers (a Fetch at epoch -1).
 - `IdempotentProduceSession` (target): one producer id; a sequence per partition. Several
   partitions' batches go in one Produce (acks=all) per leader, at most `MAX_IN_FLIGHT`
   batches of a partition out at a time (the broker dedupes a producer's last 5 per
@@ -86,6 +87,8 @@ FETCH_MAX_BYTES = 16 << 20
 # (s); a stop waits at most this long for a session to close.
 ANSWER_GRACE = 1.0
 CLOSE_TIMEOUT = 2.0
+# A closing FetchSession waits this long (s) for its brokers to close their sessions.
+SESSION_CLOSE_WAIT = 1.0
 # The source consumer's librdkafka keys that set a FetchSession's limits, where set.
 FETCH_KEYS = {
     "fetch.wait.max.ms": "max_wait_ms",
@@ -597,7 +600,40 @@ class FetchSession(_Session):
 
     async def close(self) -> None:
         await self.discard()
+        await self._close_broker_sessions()
         await super().close()
+
+    async def _close_broker_sessions(self) -> None:
+        """Close each leader's incremental session on its broker, as Kafka's consumer does
+        when it closes: a Fetch at FINAL_EPOCH naming no partition, answered at once. The
+        broker's cache (`max.incremental.fetch.session.cache.slots`, 1,000 by default)
+        then has its slot free now, not once it evicts the session. Not waited on past
+        SESSION_CLOSE_WAIT (a broker that does not answer); its errors change nothing."""
+        closing = [
+            asyncio.ensure_future(
+                self._client.send(
+                    leader,
+                    _SessionFetchRequest(
+                        FetchPlan(session.session_id, FINAL_EPOCH, {}, [], {}),
+                        partition_max_bytes=self.partition_max_bytes,
+                        max_wait_time=0,
+                        min_bytes=0,
+                        max_bytes=self.max_bytes,
+                    ),
+                )
+            )
+            for leader, session in self._sessions.items()
+            if session.session_id != NO_SESSION
+        ]
+        self._sessions.clear()
+        if not closing:
+            return
+        _, late = await asyncio.wait(closing, timeout=SESSION_CLOSE_WAIT)
+        for request in late:
+            request.cancel()
+        for request in closing:
+            if request.done() and not request.cancelled() and request.exception() is not None:
+                log.debug("closing a fetch session: %r", request.exception())
 
     async def discard(self) -> None:
         """Drop the Fetches out, their answers unread (a paused copier reads nothing)."""

@@ -2,7 +2,8 @@
 broker: idle partitions are answered once and then left out, a partition that gets records
 after many idle Fetches is answered with them, and after the broker restarts (its sessions
 gone) fetching goes on from where it was, nothing skipped. A frozen broker (one that keeps
-its connections and answers nothing) does not hold a fetch past its max wait and grace."""
+its connections and answers nothing) does not hold a fetch past its max wait and grace.
+Closing a FetchSession closes its session on the broker."""
 
 from __future__ import annotations
 
@@ -12,10 +13,19 @@ import signal
 import time
 
 import pytest
+from aiokafka.client import AIOKafkaClient
 
 from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka import clients
-from mm2py.kafka.raw_clients import ANSWER_GRACE, Fetched, FetchSession
+from mm2py.kafka.raw_clients import (
+    ANSWER_GRACE,
+    FETCH_SESSION_ID_NOT_FOUND,
+    NO_SESSION,
+    Fetched,
+    FetchPlan,
+    FetchSession,
+    _SessionFetchRequest,
+)
 from mm2py.kafka.record_batches import split_batches
 from tests.conftest import Clusters
 from tests.kafka_helpers import create_topic, end_offsets
@@ -147,3 +157,47 @@ def test_a_frozen_broker_does_not_hold_a_fetch_and_its_records_come_after(
     assert frozen == [{}] * 3
     assert reader.offsets[(topic, 0)] == list(range(10))
     assert reader.offsets[(topic, 1)] == list(range(15))
+
+
+def test_closing_a_fetch_session_closes_its_session_on_the_broker(
+    cluster_a: LocalCluster, unique: str
+) -> None:
+    """As Kafka's consumer does on close: the broker's session cache gets its slot back
+    at once (a daemon that stops leaves no session behind until eviction)."""
+    topic = unique
+    create_topic(cluster_a, topic, PARTITIONS)
+    _produce(cluster_a, topic, 0, 10)
+
+    async def ask(leader: int, session_id: int, epoch: int) -> int:
+        """The error code of an incremental Fetch in session `session_id` at `epoch`."""
+        client = AIOKafkaClient(bootstrap_servers=cluster_a.bootstrap_servers)
+        await client.bootstrap()
+        try:
+            request = _SessionFetchRequest(
+                FetchPlan(session_id, epoch, {}, [], {}),
+                partition_max_bytes=1024,
+                max_wait_time=0,
+                min_bytes=0,
+                max_bytes=1024,
+            )
+            return int((await client.send(leader, request)).error_code)
+        finally:
+            await client.close()
+
+    async def scenario() -> tuple[int, int]:
+        session = FetchSession(cluster_a.client_properties(), max_wait_ms=100)
+        await session.open()
+        reader = Reader(session, topic)
+        try:
+            await reader.until_at({0: 10, 1: 0, 2: 0, 3: 0}, timeout=30)
+            await reader.fetch()  # an incremental Fetch: the session is in use
+            ((leader, held),) = session._sessions.items()
+            session_id, epoch = held.session_id, held.epoch
+            assert session_id != NO_SESSION and epoch > 1
+        finally:
+            await session.close()
+        return await ask(leader, session_id, epoch), await ask(leader, session_id + 1, 1)
+
+    closed, unknown = asyncio.run(scenario())
+    assert unknown == FETCH_SESSION_ID_NOT_FOUND  # what the broker answers for no session
+    assert closed == FETCH_SESSION_ID_NOT_FOUND

@@ -158,6 +158,7 @@ class SessionBroker:
         self.epochs: dict[tuple[int, int], int] = {}
         self.next_id = 100
         self.fetches: list[tuple[int, Any]] = []  # (node, the v11 struct sent)
+        self.closing_from: int | None = None  # the first Fetch of the FetchSession's close
 
     async def bootstrap(self) -> None:
         pass
@@ -223,8 +224,12 @@ class SessionBroker:
             API_VERSION=11, error_code=0, session_id=session_id, topics=list(by_topic.items())
         )
 
-    def sent(self, node: int) -> list[tuple[int, int, dict[TP, int], list[TP]]]:
-        """(session id, epoch, partitions named with positions, forgotten) per Fetch."""
+    def sent(
+        self, node: int, closing: bool = False
+    ) -> list[tuple[int, int, dict[TP, int], list[TP]]]:
+        """(session id, epoch, partitions named with positions, forgotten) per Fetch, those
+        before the FetchSession's close (`closing`: those of its close)."""
+        cut = len(self.fetches) if self.closing_from is None else self.closing_from
         return [
             (
                 s.session_id,
@@ -232,23 +237,29 @@ class SessionBroker:
                 {(t, p): at for t, ps in s.topics for p, _e, at, _s, _m in ps},
                 [(t, p) for t, ps in s.forgotten_topics_data for p in ps],
             )
-            for n, s in self.fetches
+            for n, s in (self.fetches[cut:] if closing else self.fetches[:cut])
             if n == node
         ]
 
 
-def run(broker: SessionBroker, steps: Callable[[FetchSession], Coroutine[Any, Any, T]]) -> T:
+def run(
+    broker: SessionBroker,
+    steps: Callable[[FetchSession], Coroutine[Any, Any, T]],
+    incremental: bool = True,
+) -> T:
     async def go() -> T:
         session = FetchSession(
             {"bootstrap.servers": "fake:9092"},
             max_wait_ms=1,
             retry_timeout=5.0,
             client_factory=lambda: broker,
+            incremental=incremental,
         )
         await session.open()
         try:
             return await steps(session)
         finally:
+            broker.closing_from = len(broker.fetches)
             await session.close()
 
     return asyncio.run(go())
@@ -299,14 +310,15 @@ def test_a_partition_no_longer_asked_is_forgotten_and_a_new_one_added() -> None:
         {("t", 0): 1, ("t", 1): 1, ("u", 0): 1}, dict.fromkeys([("t", 0), ("t", 1), ("u", 0)], 0)
     )
 
-    async def steps(session: FetchSession) -> dict[TP, Any]:
+    async def steps(session: FetchSession) -> tuple[dict[TP, Any], set[TP]]:
         await fetch_all(session, {("t", 0): 0, ("t", 1): 0})
-        return await fetch_all(session, {("t", 0): 0, ("u", 0): 0})
+        second = await fetch_all(session, {("t", 0): 0, ("u", 0): 0})
+        return second, set(broker.sessions[1][100])
 
-    second = run(broker, steps)
+    second, held = run(broker, steps)
     assert list(second) == [("u", 0)]  # new to the session: answered once
     assert broker.sent(1)[1] == (100, 1, {("u", 0): 0}, [("t", 1)])
-    assert set(broker.sessions[1][100]) == {("t", 0), ("u", 0)}
+    assert held == {("t", 0), ("u", 0)}
 
 
 @pytest.mark.parametrize(
@@ -325,7 +337,9 @@ def test_a_session_error_is_answered_with_a_full_fetch(
             del broker.sessions[1][100]
         else:
             broker.epochs[(1, 100)] += 5
-        return [await fetch_all(session, positions), await fetch_all(session, positions)]
+        answers = [await fetch_all(session, positions), await fetch_all(session, positions)]
+        assert list(broker.sessions[1]) == [101]
+        return answers
 
     refused, again = run(broker, steps)
     assert refused == {}
@@ -337,7 +351,6 @@ def test_a_session_error_is_answered_with_a_full_fetch(
         (full_fetch_session_id, 0),
     ]
     assert broker.sent(1)[2][2] == {("t", 0): 0, ("t", 1): 7}
-    assert list(broker.sessions[1]) == [101]
 
 
 def test_a_leader_change_moves_the_partition_and_renews_the_session() -> None:
@@ -380,6 +393,33 @@ def test_a_leader_that_leads_nothing_asked_loses_its_session() -> None:
         (0, 0, {("t", 1): 0}),
     ]
     assert broker.sent(1)[-1] == (100, 2, {}, [("t", 1)])
+
+
+def test_closing_closes_each_leaders_session_on_its_broker() -> None:
+    """As Kafka's consumer does: a Fetch at epoch -1 naming nothing, to each leader with a
+    session, even with a Fetch still out (dropped first)."""
+    broker = SessionBroker({("t", 0): 1, ("t", 1): 2}, {("t", 0): 3, ("t", 1): 0})
+
+    async def steps(session: FetchSession) -> None:
+        positions = {("t", 0): 0, ("t", 1): 0}
+        await fetch_all(session, positions)
+        await session.prefetch(positions)  # out when the session closes
+
+    run(broker, steps)
+    assert broker.sent(1, closing=True) == [(100, -1, {}, [])]
+    assert broker.sent(2, closing=True) == [(101, -1, {}, [])]
+    assert broker.sessions == {1: {}, 2: {}}
+
+
+def test_a_session_the_broker_never_made_is_not_closed() -> None:
+    broker = SessionBroker({("t", 0): 1}, {("t", 0): 3})
+
+    async def steps(session: FetchSession) -> None:
+        await fetch_all(session, {("t", 0): 0})
+
+    run(broker, steps, incremental=False)
+    assert [(s, e) for s, e, _, _ in broker.sent(1)] == [(0, -1)]
+    assert broker.sent(1, closing=True) == []
 
 
 def test_a_lost_fetch_or_a_pause_makes_the_next_full() -> None:
