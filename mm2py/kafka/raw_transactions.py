@@ -305,10 +305,12 @@ class RawTransactionalClients(RawCopyClients):
         self.transactions.begin()
 
     def produce_records(
-        self, records: Mapping[TP, Sequence[Record]]
+        self, records: Mapping[TP, Sequence[Record]], timeout: float | None = None
     ) -> dict[TP, list[int] | BatchRejected]:
-        """`TransactionalProduceSession.produce_records`."""
-        return self._run(self.transactions.produce_records(records))
+        """`TransactionalProduceSession.produce_records`, cancelled past `timeout` (s):
+        RawPartitionError (what the cancelled produce left in the transaction is unknown:
+        it must not commit)."""
+        return self._run(self.transactions.produce_records(records), timeout)
 
     def end(self, commit: bool, timeout: float | None = None) -> None:
         """`TransactionalProduceSession.end`, cancelled past `timeout` (s): RawPartitionError."""

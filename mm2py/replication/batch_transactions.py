@@ -7,8 +7,9 @@ copier's; opening the clients fenced the id's previous holder. Produce calls ret
 acknowledged, so there is nothing to settle. Progress goes in the transaction as the
 records Connect's offsets topic holds (`ProgressStore.record`), produced by the same
 raw producer, all of a commit's offsets-topic partitions in one call (one
-AddPartitionsToTxn and one Produce, not one of each a partition). A commit or a progress
-write that fails raises TransactionFailed; an abort that fails is logged (a fenced
+AddPartitionsToTxn and one Produce, not one of each a partition), within the commit's
+timeout (a stop's deadline). A commit or a progress write that fails raises
+TransactionFailed; an abort that fails is logged (a fenced
 writer has nothing left to abort). A commit or an abort not answered within its timeout
 is cancelled: its outcome is the coordinator's, and the id's next holder finds it out.
 """
@@ -40,7 +41,7 @@ class RawTransactions(TransactionWriter):
         pass  # every produce returned acknowledged
 
     def write_progress(
-        self, progress: ProgressStore, last_copied: Mapping[SourcePartition, int]
+        self, progress: ProgressStore, last_copied: Mapping[SourcePartition, int], timeout: float
     ) -> None:
         now_ms = int(time.time() * 1000)
         by_partition: dict[TP, list[Record]] = {}
@@ -50,7 +51,7 @@ class RawTransactions(TransactionWriter):
                 (key, value, now_ms, ())
             )
         try:
-            outcomes = self.raw.produce_records(by_partition)
+            outcomes = self.raw.produce_records(by_partition, timeout)
         except RawPartitionError as exc:
             raise TransactionFailed(f"writing progress to {progress.topic}: {exc}") from None
         for outcome in outcomes.values():

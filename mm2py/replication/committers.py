@@ -284,8 +284,9 @@ class ExactlyOnce(Committer):
             self.commit()
 
     def commit(self, timeout: float = COMMIT_TIMEOUT) -> None:
-        """Commit the open transaction with the progress of what it copied; then write
-        its offset syncs and count its records.
+        """Commit the open transaction with the progress of what it copied, within
+        `timeout` s in all (the sends settled, the progress written, the commit); then
+        write its offset syncs and count its records.
 
         Raises TransactionFailed (PartitionRejected) when it cannot commit; the caller
         aborts it (`finish`).
@@ -293,6 +294,11 @@ class ExactlyOnce(Committer):
         if not self._open:
             return
         where = f"flow {self.flow_name}: committing to cluster {self.target_alias}"
+        deadline = time.monotonic() + timeout  # for the three steps together
+
+        def left() -> float:
+            return max(deadline - time.monotonic(), 0.1)
+
         self.writer.settle(timeout, where)  # every delivery report served
         self._raise_if_failed()
         if self.restart_reason is not None:
@@ -302,8 +308,8 @@ class ExactlyOnce(Committer):
             for key, state in self.by_source.items()
             if state.progress() > state.committed and state.acked < state.unproven_from
         }
-        self.writer.write_progress(self.progress, changed)
-        self.writer.commit(timeout, where)
+        self.writer.write_progress(self.progress, changed, left())
+        self.writer.commit(left(), where)
         self._open = False
         now = time.time()
         for stats, count, first_ts, last_ts in self._copied:

@@ -135,9 +135,10 @@ class TransactionWriter(ABC):
 
     @abstractmethod
     def write_progress(
-        self, progress: ProgressStore, last_copied: Mapping[SourcePartition, int]
+        self, progress: ProgressStore, last_copied: Mapping[SourcePartition, int], timeout: float
     ) -> None:
-        """Send the last copied offsets in the open transaction."""
+        """Send the last copied offsets in the open transaction (TransactionFailed if a
+        write that waits for its answer has none within `timeout` s)."""
 
     @abstractmethod
     def commit(self, timeout: float, where: str) -> None:
@@ -166,8 +167,9 @@ class LibrdkafkaTransactions(TransactionWriter):
         settle(self.producer, self.log, timeout, where)
 
     def write_progress(
-        self, progress: ProgressStore, last_copied: Mapping[SourcePartition, int]
+        self, progress: ProgressStore, last_copied: Mapping[SourcePartition, int], timeout: float
     ) -> None:
+        # sent, not waited for: the commit flushes it within its own timeout
         progress.write_in_transaction(self.producer, last_copied)
 
     def commit(self, timeout: float, where: str) -> None:

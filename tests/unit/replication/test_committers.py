@@ -4,9 +4,11 @@ fake clients: what each records when, and what ends the loop."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import pytest
 
+from mm2py.replication import committers
 from mm2py.replication.committers import (
     AtLeastOnce,
     ExactlyOnce,
@@ -16,8 +18,9 @@ from mm2py.replication.committers import (
 )
 from mm2py.replication.delivery import PartitionState
 from mm2py.replication.offset_syncs import OffsetSyncWriter
+from mm2py.replication.progress import ProgressStore, SourcePartition
 from mm2py.replication.stats import ReplicationStats
-from mm2py.replication.transactions import TransactionLog
+from mm2py.replication.transactions import TransactionLog, TransactionWriter
 from tests.unit.replication.test_copy_loop import (
     FakeProducer,
     FakeProgress,
@@ -138,3 +141,59 @@ def test_exactly_once_a_rejection_or_an_unproven_run_ends_the_loop_and_aborts() 
         committer.end_batch(caught_up=False)
     committer.finish(deadline=0.0)
     assert producer.aborts == 1 and producer.commits == []
+
+
+class _TimedWriter(TransactionWriter):
+    """A TransactionWriter whose settle and progress write take `took` s of a fake clock;
+    records the timeout each step is given."""
+
+    def __init__(self, clock: list[float], took: dict[str, float]) -> None:
+        self.clock = clock
+        self.took = took
+        self.given: list[tuple[str, float]] = []
+
+    def _step(self, name: str, timeout: float) -> None:
+        self.given.append((name, timeout))
+        self.clock[0] += self.took.get(name, 0.0)
+
+    def begin(self) -> None:
+        pass
+
+    def settle(self, timeout: float, where: str) -> None:
+        self._step("settle", timeout)
+
+    def write_progress(
+        self, progress: ProgressStore, last_copied: Mapping[SourcePartition, int], timeout: float
+    ) -> None:
+        self._step("progress", timeout)
+
+    def commit(self, timeout: float, where: str) -> None:
+        self._step("commit", timeout)
+
+    def abort(self, where: str, timeout: float) -> None:
+        self._step("abort", timeout)
+
+
+def test_a_commit_takes_its_timeout_for_all_its_steps_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stop's deadline bounds the whole commit: the progress write and the commit get
+    what the steps before them left (the batch copier's progress write waits for its
+    answer; it had been given 60 s of retries whatever the deadline)."""
+    clock = [1000.0]
+    monkeypatch.setattr(committers.time, "monotonic", lambda: clock[0])
+    writer = _TimedWriter(clock, {"settle": 4.0, "progress": 3.0})
+    state = _state()
+    committer = ExactlyOnce(
+        "A->B",
+        "B",
+        FakeTransactionalProducer(),
+        FakeTransactionalProgress(),  # type: ignore[arg-type]
+        None,
+        {("t", 0): state},
+        Transactions(3600.0, writer=writer),
+    )
+    committer.records_read()
+    state.acked, state.acked_downstream = 2, 2
+    committer.commit(10.0)
+    assert writer.given == [("settle", 10.0), ("progress", 6.0), ("commit", 3.0)]
