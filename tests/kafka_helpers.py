@@ -191,9 +191,9 @@ def read_all(
         consumer.close()
 
 
-def _partitions(consumer: Any, topic: str) -> list[int]:
+def _partitions(consumer: Any, topic: str, timeout: float = 10.0) -> list[int]:
     """`topic`'s partitions, none while it does not exist."""
-    meta = consumer.list_topics(topic, timeout=10).topics[topic]
+    meta = consumer.list_topics(topic, timeout=timeout).topics[topic]
     return [] if meta.error is not None else sorted(meta.partitions)
 
 
@@ -218,9 +218,8 @@ def end_offsets(cluster: LocalCluster, topic: str, timeout: float = 10.0) -> dic
     consumer = clients.consumer(cluster.client_properties())
     deadline = time.monotonic() + timeout
     try:
-        meta = consumer.list_topics(topic, timeout=timeout).topics[topic]
         out: dict[int, int] = {}
-        for p in meta.partitions:
+        for p in _partitions(consumer, topic, timeout):
             while p not in out:
                 try:
                     out[p] = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout)[1]

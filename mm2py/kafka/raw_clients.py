@@ -613,12 +613,8 @@ class FetchSession(_Session):
             asyncio.ensure_future(
                 self._client.send(
                     leader,
-                    _SessionFetchRequest(
-                        FetchPlan(session.session_id, FINAL_EPOCH, {}, [], {}),
-                        partition_max_bytes=self.partition_max_bytes,
-                        max_wait_time=0,
-                        min_bytes=0,
-                        max_bytes=self.max_bytes,
+                    self._fetch_request(
+                        FetchPlan(session.session_id, FINAL_EPOCH, {}, [], {}), at_once=True
                     ),
                 )
             )
@@ -634,6 +630,17 @@ class FetchSession(_Session):
         for request in closing:
             if request.done() and not request.cancelled() and request.exception() is not None:
                 log.debug("closing a fetch session: %r", request.exception())
+
+    def _fetch_request(self, plan: FetchPlan, at_once: bool = False) -> _SessionFetchRequest:
+        """The Fetch `plan` says, with this session's limits (`at_once`: answered without
+        waiting for records)."""
+        return _SessionFetchRequest(
+            plan,
+            partition_max_bytes=self.partition_max_bytes,
+            max_wait_time=0 if at_once else self.max_wait_ms,
+            min_bytes=0 if at_once else self.min_bytes,
+            max_bytes=self.max_bytes,
+        )
 
     async def discard(self) -> None:
         """Drop the Fetches out, their answers unread (a paused copier reads nothing)."""
@@ -698,13 +705,7 @@ class FetchSession(_Session):
     ) -> tuple[dict[TP, int], Any]:
         """One Fetch to `leader`, as `plan` says; answers the positions its partitions are
         fetched from, and the answer (a connection error, after a backoff)."""
-        request = _SessionFetchRequest(
-            plan,
-            partition_max_bytes=self.partition_max_bytes,
-            max_wait_time=self.max_wait_ms,
-            min_bytes=self.min_bytes,
-            max_bytes=self.max_bytes,
-        )
+        request = self._fetch_request(plan)
         asked = plan.answers_for
         try:
             response: Any = await self._client.send(leader, request)

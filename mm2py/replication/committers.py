@@ -299,7 +299,7 @@ class ExactlyOnce(Committer):
         def left() -> float:
             return max(deadline - time.monotonic(), 0.1)
 
-        self.writer.settle(timeout, where)  # every delivery report served
+        self.writer.settle(left(), where)  # every delivery report served
         self._raise_if_failed()
         if self.restart_reason is not None:
             raise TransactionFailed(self.restart_reason)
