@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from mm2py.dev.jars import JVM_OPTIONS_VARIABLE
 from mm2py.dev.launcher import PORT_OFFSET_VARIABLE, LocalCluster, LocalKafka, default_state_dir
 from mm2py.dev.registry import LocalRegistries, LocalRegistry
 
@@ -41,8 +42,17 @@ TUNED = {"G": SHORT_CONSUMER_SESSIONS}
 # running on the default ports (`make demo`'s), and a state folder of its own.
 WORKER_PORT_STEP = 100
 
+# The tests' JVMs (brokers, MM2, Connect, registries, Spark's daemons) compile with the
+# JIT's first tier only. The suite is bound by the CPU, and a broker's second-tier
+# compiles cost it more than they return in runs this short: a broker's start, a 62,000
+# record workload and 20 s idle took 6.8-6.9 CPU-s this way against 10.9-13.4 with
+# both tiers (2026-11-28, docs/tests.md). The tier changes how fast the JVM runs Kafka's
+# code, not what it does: no broker setting changes. Set MM2PY_JVM_OPTIONS to override.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+
 
 def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault(JVM_OPTIONS_VARIABLE, TEST_JVM_OPTIONS)
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...; unset without xdist
     if not worker:
         return

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -87,6 +88,17 @@ KAFKA_JVM_OPTIONS = (
 )
 
 
+# Options added to every JVM the local tooling starts (brokers, MirrorMaker 2, Connect,
+# the perf tools, the schema registries, Spark's master and workers), after Kafka's.
+# Unset, the JVMs run as Kafka's scripts run them. The tests set it (tests/conftest.py).
+JVM_OPTIONS_VARIABLE = "MM2PY_JVM_OPTIONS"
+
+
+def extra_jvm_options() -> list[str]:
+    """The options of `MM2PY_JVM_OPTIONS`, split as a shell would."""
+    return shlex.split(os.environ.get(JVM_OPTIONS_VARIABLE, ""))
+
+
 def class_archive() -> Path:
     """Where the class-data archive of the cached jars for this machine's java lives
     (mm2py.dev.class_archive builds it; the JVM checks that it matches its own build
@@ -105,7 +117,8 @@ def java_command(
     options: Sequence[str] = (),
 ) -> list[str]:
     """The command line that runs `main_class` from the cached jars, with Kafka's JVM
-    options, the jars' class-data archive when it is built, then `options`.
+    options, the jars' class-data archive when it is built, `MM2PY_JVM_OPTIONS`, then
+    `options`.
 
     log4j writes to `<logs_dir>/server.log` (default: the cache's logs folder); with
     `gc_log`, the JVM logs its collections to `<logs_dir>/gc.log`, as kafka-server-start
@@ -126,6 +139,7 @@ def java_command(
         *KAFKA_JVM_OPTIONS,
         *shared,
         *gc,
+        *extra_jvm_options(),
         *options,
         f"-Dkafka.logs.dir={logs}",
         f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",

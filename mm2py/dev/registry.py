@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mm2py.cache import cache_root
-from mm2py.dev.jars import JarFetchError
+from mm2py.dev.jars import JarFetchError, extra_jvm_options
 from mm2py.dev.launcher import (
     PORT_OFFSET_VARIABLE,
     LocalClusterError,
@@ -178,6 +178,7 @@ class LocalRegistries:
         cmd = [
             java,
             "-Xmx384m",
+            *extra_jvm_options(),
             f"-Dquarkus.http.port={registry.port}",
             "-Dquarkus.http.host=127.0.0.1",
             # Named so that `pid` recognises this registry's process (and no other).

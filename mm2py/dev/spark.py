@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from mm2py.dev.jars import extra_jvm_options
 from mm2py.dev.launcher import PORT_OFFSET_VARIABLE
 from mm2py.dev.processes import kill_tree, signal_tree
 from mm2py.errors import Mm2pyError
@@ -96,6 +98,9 @@ class LocalSpark:
         log = self.folder / f"{name}.log"
         env = worker_environment()
         env["SPARK_LOG_DIR"] = str(self.folder / "logs")
+        env["SPARK_DAEMON_JAVA_OPTS"] = " ".join(
+            shlex.quote(option) for option in extra_jvm_options()
+        )
         with log.open("ab") as out:
             return subprocess.Popen(
                 [str(spark_home() / "bin" / "spark-class"), main_class, *args],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 import socket
 import struct
 import subprocess
@@ -158,11 +160,13 @@ def test_a_broker_that_cannot_start_keeps_its_folder_and_shows_its_log(
     assert not home.exists() and (tmp_path / "kept" / "C" / "stdout.log").exists()
 
 
-def test_a_broker_maps_the_jars_class_archive(
+def test_a_broker_maps_the_jars_class_archive_and_takes_the_added_jvm_options(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # `make test` builds the archive first (`mm2py local fetch`); a JVM maps an archive
     # only when it accepts it (its own build, the same jars), else it starts without.
+    # The tests' JVM options (MM2PY_JVM_OPTIONS, set by tests/conftest.py) come after
+    # Kafka's own, and the JVM still accepts the archive with them.
     archive = class_archive.ensure()
     assert archive == jars.class_archive() and archive.stat().st_size > 10 << 20
     monkeypatch.setenv(PORT_OFFSET_VARIABLE, "8")  # beside the session's clusters
@@ -171,7 +175,11 @@ def test_a_broker_maps_the_jars_class_archive(
     try:
         pid = kafka.pid("A")
         assert pid is not None
-        assert f"-XX:SharedArchiveFile={archive}" in Path(f"/proc/{pid}/cmdline").read_text()
+        args = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+        assert f"-XX:SharedArchiveFile={archive}" in args
+        added = jars.extra_jvm_options()
+        assert added == shlex.split(os.environ[jars.JVM_OPTIONS_VARIABLE])
+        assert all(args.index(o) > args.index(jars.KAFKA_JVM_OPTIONS[-1]) for o in added)
         assert str(archive) in Path(f"/proc/{pid}/maps").read_text()
     finally:
         kafka.down(["A"])
