@@ -124,12 +124,19 @@ class RunningDaemon:
 
         wait_until(answering, timeout=timeout, interval=0.1, what=f"the REST API on {self.listen}")
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> tuple[int, float]:
-        """Signal the daemon; return its exit status and how long it took to exit."""
+    def stop(
+        self, sig: int = signal.SIGTERM, timeout: float = 15.0, group: bool = False
+    ) -> tuple[int, float]:
+        """Signal the daemon (with `group`, every process of its process group, as a
+        Ctrl-C in its terminal or systemd's stop does); return its exit status and how
+        long it took to exit."""
         if self.proc.poll() is not None:
             return self.proc.returncode, 0.0
         started = time.monotonic()
-        self.proc.send_signal(sig)
+        if group:
+            os.killpg(self.proc.pid, sig)
+        else:
+            self.proc.send_signal(sig)
         code = self.proc.wait(timeout)
         return code, time.monotonic() - started
 
@@ -148,6 +155,7 @@ def running_daemon(
             stdout=out,
             stderr=subprocess.STDOUT,
             env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            start_new_session=True,  # its process group is its own (`stop(group=True)`)
         )
     daemon = RunningDaemon(proc, log_path, listen)
     try:

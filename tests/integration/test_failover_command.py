@@ -192,6 +192,14 @@ def test_disaster_failover_with_the_source_frozen_lists_what_was_never_copied(
                 os.killpg(broker, signal.SIGCONT)
         finally:
             os.kill(task, signal.SIGCONT)
+        # A answers again and the copy goes on: the rest reaches B before the daemon
+        # stops (stopped at once, it would record its progress and leave them for its
+        # next start, and the group's read below would find them missing).
+        wait_until(
+            lambda: _recorded(b)[0].get((topic, 0)) == 419,
+            timeout=60,
+            what="the records A took in while frozen copied to B",
+        )
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout)
     (lost,) = result["not_copied"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 from collections import defaultdict
 from pathlib import Path
@@ -204,6 +205,34 @@ def test_clean_restart_loses_nothing_and_copies_nothing_twice(
     with running_daemon(config):
         copied = _copied(cluster_b, f"A.{unique}", 400)
     assert _by_partition(copied) == _by_partition(read_all(cluster_a, unique))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_nodes_whole_group_stops_it_cleanly(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path, sig: int
+) -> None:
+    # A Ctrl-C in a terminal, or systemd's stop, signals every process of the node's
+    # group: its task server and task processes too. They ignore it, and the node stops
+    # its tasks, which record their progress before they exit, with no traceback.
+    create_topic(cluster_a, unique, partitions=2)
+    produce(cluster_a, unique, [(i % 2, None, f"{i}".encode()) for i in range(200)])
+    config = _config(tmp_path, cluster_a, cluster_b, unique)
+    with running_daemon(config) as daemon:
+        _copied(cluster_b, f"A.{unique}", 200)
+        group = daemon.proc.pid
+        code, took = daemon.stop(sig, group=True)
+        assert code == 0 and took < 10
+        wait_until(lambda: not _group_alive(group), timeout=10, what="the node's group to end")
+        assert "Traceback" not in daemon.log()
+    assert recorded_progress(cluster_b, "A", unique) == {0: 99, 1: 99}
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_kill_9_loses_nothing_and_duplicates_one_window(
