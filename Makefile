@@ -52,7 +52,7 @@ docker-engine:
 # docs/tests.md), then alone the tests that measure time against a bound or another
 # observer (marker `serial`).
 test: jars prometheus docker-engine lint
-	$(BIN)/pytest -q -ra -n 2 --dist loadfile -m "not serial" --durations=25
+	$(BIN)/pytest -q -ra -n 2 --dist loadfile --no-loadscope-reorder -m "not serial" --durations=25
 	$(BIN)/pytest -q -ra -m serial --durations=5
 
 bench: jars

@@ -62,24 +62,27 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["MM2PY_TEST_CLUSTERS"] = f"{clusters_state_dir()}-{worker}"
 
 
-# The modules that take minutes (pytest --durations, 2026-11-26/27), longest first: under
-# xdist they start first, so that no worker is left with one of them at the end while
-# the other idles.
+# The modules that take minutes (`--durations` of the fresh-clone runs, 2026-11-28),
+# longest first. Under xdist every worker orders its collection so, and `make test`'s
+# `--no-loadscope-reorder` has the scheduler hand modules out in that order (by default
+# it hands out the modules with the most tests first): the long ones start first, and
+# no worker is left running one of them at the end while the other idles.
 LONGEST_MODULES = (
     "test_faults.py",
-    "test_docker.py",
-    "test_cluster.py",
+    "test_backfill_cluster.py",
+    "test_failover_command.py",
     "test_mm2_handover.py",
-    "test_backfill.py",
-    "test_failover.py",
     "test_exactly_once.py",
+    "test_backfill.py",
+    "test_cluster.py",
     "test_api.py",
+    "test_docker.py",
 )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.getoption("numprocesses", None):
-        return  # one process (make test): the order the suite has always run in
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # one process: the order the suite has always run in
 
     def rank(item: pytest.Item) -> int:
         name = item.path.name
