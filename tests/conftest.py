@@ -43,7 +43,7 @@ TUNED = {"G": SHORT_CONSUMER_SESSIONS}
 WORKER_PORT_STEP = 100
 
 # The tests' JVMs (brokers, MM2, Connect, registries, Spark's daemons) compile with the
-# JIT's first tier only. The suite is bound by the CPU, and a broker's second-tier
+# JIT's first tier only. The suite was bound by the CPU, and a broker's second-tier
 # compiles cost it more than they return in runs this short: a broker's start, a 62,000
 # record workload and 20 s idle took 6.8-6.9 CPU-s this way against 10.9-13.4 with
 # both tiers (2026-11-28, docs/tests.md). The tier changes how fast the JVM runs Kafka's

@@ -212,7 +212,7 @@ def test_a_signal_to_the_nodes_whole_group_stops_it_cleanly(
     cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path, sig: int
 ) -> None:
     # A Ctrl-C in a terminal, or systemd's stop, signals every process of the node's
-    # group: its task server and task processes too. They ignore it, and the node stops
+    # group: its task processes (and the spare) too. They ignore it, and the node stops
     # its tasks, which record their progress before they exit, with no traceback.
     create_topic(cluster_a, unique, partitions=2)
     produce(cluster_a, unique, [(i % 2, None, f"{i}".encode()) for i in range(200)])
