@@ -7,6 +7,8 @@ Invariants:
 - `start()` returns the master URL once every worker has registered, or raises
   `LocalSparkError` with the log tail of the process that did not come up;
 - ports (master 17077, UI 18080, workers' UIs 18081..) move with MM2PY_LOCAL_PORT_OFFSET;
+- the master and workers take MM2PY_JVM_OPTIONS (as SPARK_DAEMON_JAVA_OPTS), as every JVM
+  the local tooling starts does (mm2py.dev.jars);
 - the workers' environment does not lead to mm2py (no PYSPARK_PYTHON, PYTHONPATH,
   VIRTUAL_ENV, nor this virtualenv on the PATH): executors start `python3` unless the
   driver ships a Python;
