@@ -112,13 +112,14 @@ def java_command(
     main_class: str,
     *args: str,
     heap: str = "512m",
+    initial_heap: str | None = None,
     logs_dir: Path | None = None,
     gc_log: bool = False,
     options: Sequence[str] = (),
 ) -> list[str]:
-    """The command line that runs `main_class` from the cached jars, with Kafka's JVM
-    options, the jars' class-data archive when it is built, `MM2PY_JVM_OPTIONS`, then
-    `options`.
+    """The command line that runs `main_class` from the cached jars, with a heap of at
+    most `heap` (committed at start: `initial_heap`), Kafka's JVM options, the jars'
+    class-data archive when it is built, `MM2PY_JVM_OPTIONS`, then `options`.
 
     log4j writes to `<logs_dir>/server.log` (default: the cache's logs folder); with
     `gc_log`, the JVM logs its collections to `<logs_dir>/gc.log`, as kafka-server-start
@@ -136,6 +137,7 @@ def java_command(
     return [
         java,
         f"-Xmx{heap}",
+        *([f"-Xms{initial_heap}"] if initial_heap else []),
         *KAFKA_JVM_OPTIONS,
         *shared,
         *gc,

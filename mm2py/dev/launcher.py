@@ -49,6 +49,11 @@ PORT_OFFSET_VARIABLE = "MM2PY_LOCAL_PORT_OFFSET"
 SCRAM_MECHANISM = "SCRAM-SHA-512"
 SCRAM_USERS = ("admin", "alice", "bob")
 STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+# A broker's heap, as kafka-server-start.sh gives it (KAFKA_HEAP_OPTS="-Xmx1G -Xms1G"):
+# all of it committed at start. With 512 MB and no -Xms, a broker's G1 ran concurrent
+# marking cycles every few seconds under the latency benchmark's load, each with a
+# remark pause (15-135 ms here) that every produce and fetch waited out.
+BROKER_HEAP = "1g"
 
 
 class LocalClusterError(Mm2pyError):
@@ -339,6 +344,8 @@ class LocalKafka:
         cmd = java_command(
             "kafka.Kafka",
             str(cluster.home / "server.properties"),
+            heap=BROKER_HEAP,
+            initial_heap=BROKER_HEAP,
             logs_dir=logs,
             gc_log=True,
             options=self.jvm_options,

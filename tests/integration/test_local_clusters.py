@@ -158,13 +158,14 @@ def test_a_broker_that_cannot_start_keeps_its_folder_and_shows_its_log(
     assert not home.exists() and (tmp_path / "kept" / "C" / "stdout.log").exists()
 
 
-def test_a_broker_maps_the_jars_class_archive_and_takes_the_added_jvm_options(
+def test_a_broker_has_kafkas_heap_maps_the_jars_class_archive_and_takes_the_added_jvm_options(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # `make test` builds the archive first (`mm2py local fetch`); a JVM maps an archive
     # only when it accepts it (its own build, the same jars), else it starts without.
     # The tests' JVM options (MM2PY_JVM_OPTIONS, set by tests/conftest.py) come after
-    # Kafka's own, and the JVM still accepts the archive with them.
+    # Kafka's own, and the JVM still accepts the archive with them. The heap is
+    # kafka-server-start.sh's, 1 GiB committed at start, as the JVM itself reports it.
     archive = class_archive.ensure()
     assert archive == jars.class_archive() and archive.stat().st_size > 10 << 20
     monkeypatch.setenv(PORT_OFFSET_VARIABLE, "8")  # beside the session's clusters
@@ -178,5 +179,9 @@ def test_a_broker_maps_the_jars_class_archive_and_takes_the_added_jvm_options(
         kafkas_last = args.index(jars.KAFKA_JVM_OPTIONS[-1])
         assert all(args.index(o) > kafkas_last for o in jars.extra_jvm_options())
         assert str(archive) in Path(f"/proc/{pid}/maps").read_text()
+        flags = subprocess.run(
+            ["jcmd", str(pid), "VM.flags"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        assert {"-XX:InitialHeapSize=1073741824", "-XX:MaxHeapSize=1073741824"} <= set(flags)
     finally:
         kafka.down(["A"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mm2py.dev.jars import JVM_OPTIONS_VARIABLE, extra_jvm_options
+from mm2py.dev.jars import JVM_OPTIONS_VARIABLE, extra_jvm_options, java_command
 
 
 def test_added_jvm_options_are_split_as_a_shell_would(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -15,3 +15,8 @@ def test_added_jvm_options_are_split_as_a_shell_would(monkeypatch: pytest.Monkey
 def test_no_added_jvm_options_when_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(JVM_OPTIONS_VARIABLE, raising=False)
     assert extra_jvm_options() == []
+
+
+def test_a_heap_committed_at_start_only_when_asked() -> None:
+    assert {"-Xmx1g", "-Xms1g"} <= set(java_command("kafka.Kafka", heap="1g", initial_heap="1g"))
+    assert not [a for a in java_command("kafka.Kafka", heap="1g") if a.startswith("-Xms")]
