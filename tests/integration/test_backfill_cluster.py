@@ -276,17 +276,28 @@ def test_worker_killed_mid_copy_costs_no_record_twice_and_loses_none(
             return (busy[0],)
         return None
 
+    def copying() -> bool:
+        """Whether records of the backfill have reached the target, committed or not."""
+        try:
+            ends = _latest_offsets(cluster_b, remote, IsolationLevel.READ_UNCOMMITTED)
+        except (KafkaException, KeyError):
+            return False  # the remote topic is not there yet
+        return sum(ends.values()) > 0
+
     def frozen_in_a_transaction() -> tuple[int] | None:
         """`busy_worker` once every worker is frozen and a commit sent before had time to
         write its markers (a transaction seen open may be one committing, and then the
         kill would cost nothing; frozen, it stays open until the kill). The workers are
-        frozen as soon as one runs a task, not once a transaction is seen open: on a busy
-        machine a range's transaction could open and commit between two looks, and the
-        backfill end before one was seen (a fresh clone's CI run did). Not found, they run
-        for RUN_BETWEEN_FREEZES before the next look, so the copy goes on between looks
-        but cannot end unseen."""
+        frozen as soon as a worker runs a task and records have reached the target, not
+        once a transaction is seen open: on a busy machine a range's transaction could
+        open and commit between two looks, and the backfill end before one was seen (a
+        fresh clone's CI run did). Not found, they run for RUN_BETWEEN_FREEZES before the
+        next look, so the copy goes on between looks but cannot end unseen. Not before
+        records reach the target: the first task's Python worker starting (up to 18 s in
+        a CI run) would run a fifth of the time, and the test took 48 s to find a
+        transaction where the copy takes a few."""
         assert proc.poll() is None, "the backfill ended before a worker could be killed"
-        if not any(spark.running_tasks(i) for i in range(spark.workers)):
+        if not any(spark.running_tasks(i) for i in range(spark.workers)) or not copying():
             return None
         for i in range(spark.workers):
             spark.freeze_worker(i)
