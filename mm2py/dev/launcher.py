@@ -52,7 +52,7 @@ STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 # A broker's heap, as kafka-server-start.sh gives it (KAFKA_HEAP_OPTS="-Xmx1G -Xms1G"):
 # all of it committed at start. With 512 MB and no -Xms, a broker's G1 ran concurrent
 # marking cycles every few seconds under the latency benchmark's load, each with a
-# remark pause (15-135 ms here) that every produce and fetch waited out.
+# remark pause (9-135 ms here) that every produce and fetch waited out.
 BROKER_HEAP = "1g"
 
 

@@ -293,9 +293,9 @@ def test_worker_killed_mid_copy_costs_no_record_twice_and_loses_none(
         open and commit between two looks, and the backfill end before one was seen (a
         fresh clone's CI run did). Not found, they run for RUN_BETWEEN_FREEZES before the
         next look, so the copy goes on between looks but cannot end unseen. Not before
-        records reach the target: the first task's Python worker starting (up to 18 s in
-        a CI run) would run a fifth of the time, and the test took 48 s to find a
-        transaction where the copy takes a few."""
+        records reach the target: the first task's Python worker, still starting (up to
+        18 s in a CI run), would run a fifth of the time, and the test took 48 s to find
+        a transaction where the copy itself takes a few seconds."""
         assert proc.poll() is None, "the backfill ended before a worker could be killed"
         if not any(spark.running_tasks(i) for i in range(spark.workers)) or not copying():
             return None
