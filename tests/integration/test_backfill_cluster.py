@@ -276,13 +276,19 @@ def test_worker_killed_mid_copy_costs_no_record_twice_and_loses_none(
             return (busy[0],)
         return None
 
+    reached_target = False
+
     def copying() -> bool:
-        """Whether records of the backfill have reached the target, committed or not."""
-        try:
-            ends = _latest_offsets(cluster_b, remote, IsolationLevel.READ_UNCOMMITTED)
-        except (KafkaException, KeyError):
-            return False  # the remote topic is not there yet
-        return sum(ends.values()) > 0
+        """Whether records of the backfill have reached the target, committed or not
+        (once they have, they stay: asked no more)."""
+        nonlocal reached_target
+        if not reached_target:
+            try:
+                ends = _latest_offsets(cluster_b, remote, IsolationLevel.READ_UNCOMMITTED)
+            except (KafkaException, KeyError):
+                return False  # the remote topic is not there yet
+            reached_target = sum(ends.values()) > 0
+        return reached_target
 
     def frozen_in_a_transaction() -> tuple[int] | None:
         """`busy_worker` once every worker is frozen and a commit sent before had time to
