@@ -30,7 +30,10 @@ class Translation:
 
     `downstream` is the target offset of the first copied record at or after the
     source offset when `exact`; otherwise (the offset is past what the syncs
-    cover) a position at or before it, never after an unconsumed record.
+    cover) a position at or before it, never after an unconsumed record. At a
+    position sync's offset, before the next record's copy is synced, an exact
+    `downstream` is one past the last copy: only another writer's records can lie
+    between it and the next copy.
     """
 
     downstream: int
