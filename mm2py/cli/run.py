@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import signal
+import sys
+import threading
 from pathlib import Path
 
 from mm2py.cli.arguments import Subparsers, aliases
 from mm2py.errors import EXIT_OK
 
 DEFAULT_LISTEN = "127.0.0.1:8083"
+
+log = logging.getLogger(__name__)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,7 +42,27 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)
     daemon.run()
+    _exit_past_unanswered_calls()
     return EXIT_OK
+
+
+def _exit_past_unanswered_calls() -> None:
+    """End the process now if threads of calls to a cluster that never answered are
+    left (a cluster down or paused when the node stopped): the interpreter's exit would
+    join a thread pool's threads, for up to admin.timeout.ms. The daemon has stopped
+    everything by then, its parts within their deadline; the log says what was left."""
+    left = [
+        t.name
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and t.is_alive() and not t.daemon
+    ]
+    if not left:
+        return
+    log.warning("exiting without waiting for calls not answered yet (%s)", ", ".join(left))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_OK)
 
 
 def add_parser(sub: Subparsers) -> None:

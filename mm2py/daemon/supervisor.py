@@ -180,7 +180,8 @@ class Daemon:
         self._stopping.set()
 
     def run(self) -> None:
-        """Start everything, supervise until a stop is requested, then stop within 10 s."""
+        """Start everything, supervise until a stop is requested, then stop: the parts
+        within STOP_TIMEOUT in all, whether or not their clusters answer."""
         check_cluster_access(
             self.config,
             {a for sup in self.parts for a in (sup.part.flow.source, sup.part.flow.target)},
@@ -520,8 +521,11 @@ class Daemon:
     def _stop_parts(self) -> None:
         # Members first: each gives its tasks up (flushed, progress recorded) and then
         # leaves its group, so the other nodes take the tasks over from that progress.
-        _stop_all([s.part for s in self.parts if isinstance(s.part, MemberPart)])
-        _stop_all([s.part for s in self.parts])
+        # One deadline for both passes: a part the first pass waited for in vain (stuck
+        # in a call to a cluster, up to admin.timeout.ms) is not waited for again.
+        deadline = time.monotonic() + STOP_TIMEOUT
+        _stop_all([s.part for s in self.parts if isinstance(s.part, MemberPart)], deadline)
+        _stop_all([s.part for s in self.parts], deadline)
         SPARES.close()
         # A task process that did not end in time would hold the exit (multiprocessing
         # waits for its children): it has flushed what it could.
@@ -531,10 +535,16 @@ class Daemon:
         log.info("mm2py stopped")
 
 
-def _stop_all(parts: Sequence[Part]) -> None:
-    """Stop `parts` in parallel, within STOP_TIMEOUT in all."""
-    deadline = time.monotonic() + STOP_TIMEOUT
-    stoppers = [threading.Thread(target=part.stop, args=(STOP_TIMEOUT,)) for part in parts]
+def _stop_all(parts: Sequence[Part], deadline: float | None = None) -> None:
+    """Stop `parts` in parallel, waiting for them until `deadline` (monotonic; by default
+    STOP_TIMEOUT from now). A part still running then is left to end on its own: its
+    thread, and the one waiting for it, do not hold the process's exit."""
+    if deadline is None:
+        deadline = time.monotonic() + STOP_TIMEOUT
+    remaining = max(deadline - time.monotonic(), 0.1)
+    stoppers = [
+        threading.Thread(target=part.stop, args=(remaining,), daemon=True) for part in parts
+    ]
     for t in stoppers:
         t.start()
     for t in stoppers:

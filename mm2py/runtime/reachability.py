@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -271,36 +271,39 @@ class ClusterProbe:
             for alias, props in self._admin_props.items()
         }
         pending: dict[str, Future[Any]] = {}
-        # One Metadata request per cluster at a time, each waiting in a thread of its own.
-        asking = ThreadPoolExecutor(max_workers=len(admins), thread_name_prefix="cluster-probe")
-        try:
-            self._probe(admins, pending, asking)
-        finally:
-            asking.shutdown(wait=False)
+        self._probe(admins, pending)
 
-    def _probe(
-        self, admins: dict[str, Any], pending: dict[str, Future[Any]], asking: ThreadPoolExecutor
-    ) -> None:
+    def _probe(self, admins: dict[str, Any], pending: dict[str, Future[Any]]) -> None:
         reach = self._reachability
         while True:
             for alias, admin in admins.items():
                 admin.poll(0)  # serves error_cb
                 if alias not in pending or pending[alias].done():
-                    pending[alias] = self._ask(alias, admin, asking)
+                    pending[alias] = self._ask(alias, admin)
             reach.check()
             if self._stopping.wait(self._interval):
                 return
 
-    def _ask(self, alias: str, admin: Any, asking: ThreadPoolExecutor) -> Future[Any]:
+    def _ask(self, alias: str, admin: Any) -> Future[Any]:
+        """One Metadata request to `alias`, waited for in a thread of its own: a daemon
+        thread, as a cluster that does not answer must not hold the node's exit (a
+        ThreadPoolExecutor's threads are joined when the interpreter ends)."""
         reach = self._reachability
         asked = reach.now()
+        future: Future[Any] = Future()
 
-        def answered(future: Future[Any]) -> None:
-            if future.exception() is None:
+        def ask() -> None:
+            try:
+                future.set_result(clients.cluster_answers(admin, self._timeout[alias]))
+            except Exception as exc:  # the future carries it: a failed answer
+                future.set_exception(exc)
+
+        def answered(done: Future[Any]) -> None:
+            if done.exception() is None:
                 reach.succeeded(alias)
             else:
                 reach.unanswered(alias, asked)
 
-        future = asking.submit(clients.cluster_answers, admin, self._timeout[alias])
         future.add_done_callback(answered)
+        threading.Thread(target=ask, name=f"cluster-probe-{alias}", daemon=True).start()
         return future

@@ -179,3 +179,35 @@ def test_a_task_assigned_while_the_daemon_starts_its_members_is_started_once(
     finally:
         for part in (member, other, *tasks):
             part.stop()
+
+
+class Unanswered(Part):
+    """A part stuck in a call to a cluster that does not answer: it sees the stop only
+    when `answer` is set."""
+
+    name = "unanswered"
+
+    def __init__(self, flow: FlowConfig, daemon: Daemon) -> None:
+        super().__init__(flow, daemon.metrics)
+        self.answer = threading.Event()
+
+    def run(self) -> None:
+        self.answer.wait(30)
+
+
+def test_stopping_passes_that_share_a_deadline_wait_for_a_stuck_part_once(
+    daemon: Daemon,
+) -> None:
+    # The daemon stops its members first (each stops its task parts and the flow's
+    # once-per-flow parts), then every part: a part stuck in a call is waited for in
+    # the first pass, and the second must not wait for it all over again.
+    stuck = Unanswered(daemon.flows[0], daemon)
+    stuck.start()
+    try:
+        deadline = time.monotonic() + 1.0
+        supervisor._stop_all([stuck], deadline)
+        supervisor._stop_all([stuck], deadline)
+        assert time.monotonic() < deadline + 0.5  # two full waits would end at +1.0
+        assert stuck.running  # left to end on its own
+    finally:
+        stuck.answer.set()
