@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -12,6 +13,7 @@ from typing import Any, TypeVar
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.cimpl import NewTopic
 
+from mm2py.dev.jars import java_command
 from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka import clients
 from mm2py.replication.progress import read_recorded
@@ -85,6 +87,25 @@ def commit_offsets(
         )
     finally:
         consumer.close()
+
+
+def transaction_timeout_ms(cluster: LocalCluster, transactional_id: str) -> int:
+    """The transaction timeout `cluster`'s coordinator holds for `transactional_id`, as
+    Kafka's own tool describes it (``kafka-transactions.sh describe``, from the jars)."""
+    command = java_command(
+        "org.apache.kafka.tools.TransactionsCommand",
+        "--bootstrap-server",
+        cluster.bootstrap_servers,
+        "describe",
+        "--transactional-id",
+        transactional_id,
+        heap="256m",
+    )
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"describe {transactional_id}: {done.stderr or done.stdout}"
+    lines = [line.split() for line in done.stdout.splitlines() if line.strip()]
+    header, row = lines[0], lines[1]
+    return int(row[header.index("TransactionTimeoutMs")])
 
 
 def create_topic(

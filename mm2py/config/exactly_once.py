@@ -4,12 +4,16 @@ MM2's keys (Kafka Connect's, KIP-618): ``<target>.exactly.once.source.support`` 
 disabled | preparing | enabled; ``exactly.once.support`` = requested | required;
 ``transaction.boundary`` = poll | interval (connector is refused, as Connect refuses it
 for MirrorSourceConnector); unset, a commit once a task caught up and at least every
-models.DEFAULT_TRANSACTION_INTERVAL_MS while behind.
+models.DEFAULT_TRANSACTION_INTERVAL_MS while behind. The target producer's
+``transaction.timeout.ms`` (``B.producer.transaction.timeout.ms``, which MM2 gives its
+tasks' producers; models.DEFAULT_TRANSACTION_TIMEOUT_MS, Connect's, unset) is how long
+the brokers keep a transaction that its writer left open.
 
 Invariants:
 - where a key is set in several places the most specific wins: ``A->B.``, ``B.``, global;
 - ``required`` makes a flow that cannot copy exactly-once a configuration error;
 - a source consumer reading read_uncommitted makes exactly-once unavailable for its flows;
+- a flow commits more often than its transactions time out, or fails to load;
 - everything here is pure: the loader reads the keys and raises or logs.
 Design: docs/design/exactly-once-config.md.
 """
@@ -24,6 +28,10 @@ SUPPORT_KEY = "exactly.once.source.support"
 LEVEL_KEY = "exactly.once.support"
 BOUNDARY_KEY = "transaction.boundary"
 INTERVAL_KEY = "transaction.boundary.interval.ms"  # a FlowSettings field
+TIMEOUT_KEY = "transaction.timeout.ms"  # the target producer's
+# librdkafka's range for transaction.timeout.ms (the brokers refuse more than their
+# transaction.max.timeout.ms, 15 minutes by default, when a task starts).
+TIMEOUT_RANGE_MS = (1000, 2_147_483_647)
 KEYS = (SUPPORT_KEY, LEVEL_KEY, BOUNDARY_KEY)
 
 _ALLOWED = {
@@ -134,3 +142,33 @@ def boundary_interval_ms(boundary: Setting | None, interval_ms: int) -> int:
     """How often a task commits its transaction, in ms: 0 (after every batch) for
     ``transaction.boundary = poll``, else ``interval_ms``."""
     return 0 if boundary is not None and boundary.value == "poll" else interval_ms
+
+
+def parse_timeout_ms(value: str) -> int:
+    """A ``transaction.timeout.ms`` value in ms; ValueError saying what is allowed."""
+    low, high = TIMEOUT_RANGE_MS
+    try:
+        ms = int(value.strip())
+    except ValueError:
+        raise ValueError(f"expected a whole number of milliseconds (got {value!r})") from None
+    if not low <= ms <= high:
+        raise ValueError(f"expected {low} to {high} ms (got {ms})")
+    return ms
+
+
+def interval_problem(
+    interval_ms: int, interval_key: str, timeout_ms: int, timeout_key: str | None
+) -> str | None:
+    """Why a flow that commits every `interval_ms` cannot run with transactions that
+    time out after `timeout_ms` (set at `timeout_key`; None: Connect's default), or None
+    when it can: the brokers would abort every transaction before its commit."""
+    if interval_ms < timeout_ms:
+        return None
+    where = (
+        f"{timeout_key} = {timeout_ms}" if timeout_key else f"{TIMEOUT_KEY} {timeout_ms}, Connect's"
+    )
+    return (
+        f"{interval_ms} ms is not shorter than the transactions' timeout ({where}): the"
+        f" brokers would abort each transaction before its commit; set {interval_key} lower"
+        f" or {TIMEOUT_KEY} higher"
+    )

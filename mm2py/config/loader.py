@@ -35,8 +35,11 @@ from mm2py.config.exactly_once import (
     INTERVAL_KEY,
     LEVEL_KEY,
     SUPPORT_KEY,
+    TIMEOUT_KEY,
     Setting,
     boundary_interval_ms,
+    interval_problem,
+    parse_timeout_ms,
     parse_word,
     resolve,
 )
@@ -44,6 +47,7 @@ from mm2py.config.exactly_once import KEYS as EXACTLY_ONCE_KEYS
 from mm2py.config.listeners import rest_address
 from mm2py.config.loops import check_identity_loops
 from mm2py.config.models import (
+    DEFAULT_TRANSACTION_TIMEOUT_MS,
     FLOW_KEYS,
     TYPED_CLIENT_KEYS,
     WORKER_KEYS,
@@ -353,6 +357,22 @@ class _Builder:
                 return self.exactly_once[(scope, key)]
         return None
 
+    def transaction_timeout(self, target: str) -> Setting | None:
+        """The transaction.timeout.ms the target's producers are configured with, in ms
+        (checked: a bad value fails the load naming where it was set), if any."""
+        raw = self.clusters[target]
+        for props, shown in (
+            (raw.roles["producer"], f"{target}.producer.{TIMEOUT_KEY}"),
+            (raw.common, f"{target}.{TIMEOUT_KEY}"),
+        ):
+            if TIMEOUT_KEY in props:
+                try:
+                    ms = parse_timeout_ms(props[TIMEOUT_KEY])
+                except ValueError as exc:
+                    self.fail(shown, str(exc))
+                return Setting(str(ms), shown)
+        return None
+
     def source_isolation(self, source: str) -> Setting | None:
         """The isolation.level the source's consumer is configured with, if any."""
         raw = self.clusters[source]
@@ -379,9 +399,17 @@ class _Builder:
         )
         boundary = self.exactly_once_setting(BOUNDARY_KEY, source, target)
         interval = boundary_interval_ms(boundary, settings.transaction_boundary_interval_ms)
+        timeout = self.transaction_timeout(target)
+        timeout_ms = int(timeout.value) if timeout else DEFAULT_TRANSACTION_TIMEOUT_MS
         if enabled:
             if resolved.error is not None:
                 self.fail(resolved.error.key, resolved.error.message)
+            interval_key = shown.get(INTERVAL_KEY, INTERVAL_KEY)
+            too_long = interval_problem(
+                interval, interval_key, timeout_ms, timeout.shown if timeout else None
+            )
+            if resolved.mode != "off" and too_long is not None:
+                self.fail(interval_key, too_long)
             if resolved.warning is not None:
                 note = (logging.WARNING, resolved.warning.message)
                 self.notes.setdefault(note, []).append(resolved.warning.key)
@@ -395,6 +423,7 @@ class _Builder:
             exactly_once=resolved.mode,
             exactly_once_key=resolved.key,
             transaction_boundary_interval_ms=interval,
+            transaction_timeout_ms=timeout_ms,
         )
 
     def note_unused(self) -> None:

@@ -39,6 +39,10 @@ ExactlyOnceMode = Literal["off", "requested", "required"]
 # docs/benchmarks.md) is spread over a second of records, and a reader waits about one
 # commit, not the interval.
 DEFAULT_TRANSACTION_INTERVAL_MS = 1000
+# The brokers abort a transaction left open this long after it began, unless its
+# writer's successor fences it first: Connect's producer default, which MM2's tasks get
+# unless the target's producer settings say otherwise.
+DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 ClientValue = str | SecretStr
 PeriodicTask = Literal[
     "refresh.topics",
@@ -278,6 +282,9 @@ class FlowSettings(BaseModel):
     transaction_boundary_interval_ms: Count = Field(
         DEFAULT_TRANSACTION_INTERVAL_MS, alias="transaction.boundary.interval.ms"
     )
+    # The target producer's transaction.timeout.ms (``B.producer.transaction.timeout.ms``,
+    # as MM2's tasks take it), resolved by the loader; no key of its own.
+    transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
 
     # mm2py's own (no MM2 key): copy the schemas of replicated topics from the source's
     # schema registry to the target's and give framed keys and values the target's ids

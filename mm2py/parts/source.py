@@ -76,8 +76,8 @@ STOP_FLUSH_TIMEOUT = 7.0
 PAUSE_TIMEOUT = 5.0
 WAITING_RETRY = 1.0
 # Reading the progress waits for transactions still open (a dead writer's: until its
-# successor fences it, at most the transaction timeout).
-EXACTLY_ONCE_LOAD_TIMEOUT = transactions.TRANSACTION_TIMEOUT_MS / 1000 + 30
+# successor fences it, at most the flow's transaction timeout), and this much longer.
+LOAD_PAST_TRANSACTIONS_MARGIN = 30.0
 
 # mm2py's tuning for the copy loop's clients; the cluster's own settings win.
 CONSUMER_TUNING: Mapping[str, Any] = {
@@ -172,6 +172,11 @@ class SourcePart(FlowPart):
     def exactly_once(self) -> bool:
         return self.flow.settings.exactly_once != "off"
 
+    @property
+    def _load_timeout(self) -> float:
+        """How long reading the progress may wait for open transactions (exactly-once)."""
+        return self.flow.settings.transaction_timeout_ms / 1000 + LOAD_PAST_TRANSACTIONS_MARGIN
+
     def run(self) -> None:
         """Copy until stopped. Raises on errors the daemon should restart from."""
         # Exactly-once: partitions stopped by a rejected record, kept across the loops
@@ -219,7 +224,7 @@ class SourcePart(FlowPart):
                     writer=RawTransactions(raw),
                     when_caught_up=flow.settings.commit_when_caught_up,
                 )
-                stored = progress.load(EXACTLY_ONCE_LOAD_TIMEOUT, past_open_transactions=True)
+                stored = progress.load(self._load_timeout, past_open_transactions=True)
             except BaseException:
                 raw.close()
                 raise
@@ -229,6 +234,7 @@ class SourcePart(FlowPart):
                 PRODUCER_TUNING,
                 f"cluster {flow.target} producer",
                 self.transactional_id(self.slot.id),
+                timeout_ms=flow.settings.transaction_timeout_ms,
                 error_cb=target_watch,
             )
             producer.init_transactions(transactions.INIT_TIMEOUT)  # fences the previous owner
@@ -238,7 +244,7 @@ class SourcePart(FlowPart):
                 txn_log,
                 when_caught_up=flow.settings.commit_when_caught_up,
             )
-            stored = progress.load(EXACTLY_ONCE_LOAD_TIMEOUT, past_open_transactions=True)
+            stored = progress.load(self._load_timeout, past_open_transactions=True)
         else:
             producer = self._plain_producer(target_props, target_watch)
             stored = progress.load()
@@ -375,7 +381,7 @@ class SourcePart(FlowPart):
         session = TransactionalProduceSession(
             target_props,
             self.transactional_id(self.slot.id),
-            transaction_timeout_ms=transactions.TRANSACTION_TIMEOUT_MS,
+            transaction_timeout_ms=flow.settings.transaction_timeout_ms,
             alias=flow.target,
         )
         return RawTransactionalClients(fetch, session, flow.name)
@@ -490,7 +496,7 @@ class SourcePart(FlowPart):
                 ", ".join(ids),
                 ", ".join(str(n) for n in sorted(earlier)),
             )
-            transactions.fence(target_props, ids)
+            transactions.fence(target_props, ids, self.flow.settings.transaction_timeout_ms)
 
     def _fence_mirrormaker2(self, topics: Collection[str], target_props: Mapping[str, str]) -> None:
         """Fence MM2's tasks of this flow when MM2 ran it (its config topic is among the
@@ -514,7 +520,7 @@ class SourcePart(FlowPart):
         )
         for tid in ids:
             try:
-                transactions.fence(target_props, [tid])
+                transactions.fence(target_props, [tid], flow.settings.transaction_timeout_ms)
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else None
                 why = (

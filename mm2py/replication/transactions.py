@@ -38,9 +38,6 @@ from mm2py.replication.progress import ProgressStore, SourcePartition
 
 log = logging.getLogger(__name__)
 
-# A transaction left open by a writer that died is aborted by the brokers after this
-# long, unless a successor with its id fences it first.
-TRANSACTION_TIMEOUT_MS = 60_000
 INIT_TIMEOUT = 60.0
 FENCE_TIMEOUT = 30.0
 
@@ -65,12 +62,12 @@ def transactional_producer(
     where: str,
     tid: str,
     *,
-    timeout_ms: int = TRANSACTION_TIMEOUT_MS,
+    timeout_ms: int,
     error_cb: Callable[[KafkaError], None] | None = None,
 ) -> tuple[Any, TransactionLog]:
     """A producer with transactional id `tid` (not initialised yet) and its log: the
     cluster's settings over `tuning`, then what transactions need (`copy_settings`;
-    `where` names the producer in its warnings)."""
+    `where` names the producer in its warnings), with transaction.timeout.ms `timeout_ms`."""
     txn_log = TransactionLog(clients.ClusterLog(str(props.get("bootstrap.servers", ""))))
     required = {**PRODUCER_REQUIRED, "transaction.timeout.ms": timeout_ms}
     overrides: dict[str, Any] = {
@@ -202,11 +199,20 @@ def is_fenced(exc: BaseException) -> bool:
     return bool(exc.args[0].code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED))
 
 
-def fence(props: Mapping[str, str], ids: Iterable[str], timeout: float = FENCE_TIMEOUT) -> None:
-    """Fence the writers of `ids`: initialise each id once, then let it go.
+def fence(
+    props: Mapping[str, str],
+    ids: Iterable[str],
+    transaction_timeout_ms: int,
+    timeout: float = FENCE_TIMEOUT,
+) -> None:
+    """Fence the writers of `ids`: initialise each id once, then let it go. Its
+    producers ask for the flow's `transaction_timeout_ms` (they open no transaction, but
+    another value would be warned about as a configured one not used).
 
     Raises KafkaException when the target refuses (e.g. no ACL for the id)."""
     for tid in ids:
-        producer, _ = transactional_producer(props, {"linger.ms": 0}, f"fencing {tid}", tid)
+        producer, _ = transactional_producer(
+            props, {"linger.ms": 0}, f"fencing {tid}", tid, timeout_ms=transaction_timeout_ms
+        )
         producer.init_transactions(timeout)
         producer.flush(1)

@@ -22,8 +22,10 @@ from pathlib import Path
 import pytest
 
 from mm2py.compat.formats import OffsetSync, is_position_sync
+from mm2py.config import load_config
 from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka.internal_topics import read_offset_syncs
+from mm2py.replication.exactly_once import transactional_id
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.integration.test_cluster import _running_tasks, _tasks_of, _wait_tasks
 from tests.kafka_helpers import (
@@ -31,7 +33,9 @@ from tests.kafka_helpers import (
     Rec,
     Transactions,
     create_topic,
+    produce,
     read_all,
+    transaction_timeout_ms,
     wait_until,
 )
 
@@ -248,3 +252,30 @@ def test_a_smaller_tasks_max_fences_the_tasks_it_has_no_more(
         assert {f"eos-{unique}-A->B-2", f"eos-{unique}-A->B-3"} <= set(ids), ids
         node.stop()
     _copy_exactly(cluster_a, cluster_b, two, topic)
+
+
+@pytest.mark.parametrize("copy_mode", ["auto", "record"])
+def test_the_target_producers_transaction_timeout_is_the_one_the_coordinator_holds(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path, unique: str, copy_mode: str
+) -> None:
+    """``B.producer.transaction.timeout.ms``, which MM2 gives its tasks' producers, is
+    the timeout of mm2py's transactions too (the batch copier's own InitProducerId and
+    librdkafka's): a transaction a killed task left open is aborted after it."""
+    create_topic(cluster_a, unique, partitions=1)
+    config = tmp_path / "mm2.properties"
+    settings = {
+        **EXACTLY_ONCE,
+        "B.producer.transaction.timeout.ms": "15000",
+        "replication.copy.mode": copy_mode,
+    }
+    config.write_text(mm2_properties(cluster_a, cluster_b, unique, **settings))
+    flow = load_config(config).flow("A", "B")
+    tid = transactional_id(flow.settings.cluster_group_prefix, "A", "B", 0)
+    produce(cluster_a, unique, [(0, None, b"one"), (0, None, b"two")])
+    with running_daemon(config) as daemon:
+        read_all(cluster_b, f"A.{unique}", expected=2, timeout=60)
+        assert transaction_timeout_ms(cluster_b, tid) == 15_000
+        assert daemon.status_json("A->B")["copier"] == (
+            "record" if copy_mode == "record" else "batch"
+        )
+        assert "transaction.timeout.ms is not used" not in daemon.log()

@@ -19,6 +19,7 @@ from typing import Literal
 
 import pytest
 
+from mm2py.config import load_config
 from mm2py.dev.launcher import LocalCluster
 from mm2py.dev.mirrormaker import (
     RealMirrorMaker,
@@ -26,7 +27,7 @@ from mm2py.dev.mirrormaker import (
     mm2_properties,
     render_properties,
 )
-from mm2py.replication.exactly_once import mirrormaker2_transactional_id
+from mm2py.replication.exactly_once import mirrormaker2_transactional_id, transactional_id
 from tests.daemon_harness import running_daemon
 from tests.kafka_helpers import (
     RECENT_MS,
@@ -37,6 +38,7 @@ from tests.kafka_helpers import (
     end_offsets,
     produce,
     read_all,
+    transaction_timeout_ms,
     wait_until,
 )
 
@@ -266,7 +268,10 @@ def test_mirrormaker2_in_exactly_once_mode_continues_where_mm2py_stopped(
 # remote topic wait at it until it ends. mm2py fences MM2's tasks when it takes a flow
 # over from MM2 (mm2py.parts.source), which aborts it at once. MM2 does not know
 # mm2py's transactional ids: after mm2py is killed, the brokers abort its open
-# transaction after its transaction.timeout.ms (60 s, Connect's and mm2py's).
+# transaction after its transaction.timeout.ms (Connect's 60 s unless the target's
+# producer settings say otherwise). The test of MM2 after mm2py sets 10 s for both, as
+# MM2 takes it (B.producer.transaction.timeout.ms), and checks mm2py's.
+SHORT_TRANSACTION_TIMEOUT_MS = 10_000
 AFTER_KILL_TIMEOUT = 150
 # MM2's transactions in the test of mm2py after MM2: one every 5 s, so that one is open
 # when MM2 is killed (MM2's default, a transaction per poll, commits within milliseconds:
@@ -319,7 +324,10 @@ def test_mirrormaker2_in_exactly_once_mode_continues_after_mm2py_is_killed(
     cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
 ) -> None:
     create_topic(cluster_a, unique, partitions=PARTITIONS)
-    config, _same = _eos_configs(tmp_path, cluster_a, cluster_b, unique, "exactly-once")
+    timeout = {"B.producer.transaction.timeout.ms": str(SHORT_TRANSACTION_TIMEOUT_MS)}
+    config, _same = _eos_configs(tmp_path, cluster_a, cluster_b, unique, "exactly-once", **timeout)
+    flow = load_config(config).flow("A", "B")
+    tid = transactional_id(flow.settings.cluster_group_prefix, "A", "B", 0)
     remote = f"A.{unique}"
     with LiveProducer(cluster_a, {unique: PARTITIONS}, LIVE_RATE, LIVE_TRANSACTIONS) as producer:
         producer.wait_committed(200)
@@ -329,6 +337,7 @@ def test_mirrormaker2_in_exactly_once_mode_continues_after_mm2py_is_killed(
                 timeout=90,
                 what="mm2py copying",
             )
+            assert transaction_timeout_ms(cluster_b, tid) == SHORT_TRANSACTION_TIMEOUT_MS
             daemon.stop(signal.SIGKILL)  # its task processes die with it
         handed_over = _committed_count(cluster_b, remote)
         with RealMirrorMaker(config, tmp_path / "mm2") as mm2:

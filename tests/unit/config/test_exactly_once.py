@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mm2py.config import MirrorConfig, load_config
+from mm2py.config import ConfigError, MirrorConfig, load_config
 from mm2py.config.exactly_once import (
     LEVEL_KEY,
     Problem,
@@ -17,7 +17,7 @@ from mm2py.config.exactly_once import (
     parse_word,
     resolve,
 )
-from mm2py.config.models import DEFAULT_TRANSACTION_INTERVAL_MS
+from mm2py.config.models import DEFAULT_TRANSACTION_INTERVAL_MS, DEFAULT_TRANSACTION_TIMEOUT_MS
 
 BASE = (
     "clusters = A, B, C\nA.bootstrap.servers = a:9092\nB.bootstrap.servers = b:9092\n"
@@ -174,3 +174,58 @@ def test_resolved_fields_are_not_keys_the_file_set(tmp_path: Path) -> None:
     assert settings.exactly_once == "requested"
     assert settings.model_fields_set == {"tasks_max"}
     assert settings.tasks_max == 2
+
+
+# --- the transactions' timeout: the target producer's transaction.timeout.ms ---
+
+
+def test_the_target_producers_transaction_timeout_is_the_flows(tmp_path: Path) -> None:
+    # As MM2 gives its tasks' producers B.producer.* (the worker's producer.* settings);
+    # the role's key beats the cluster's.
+    text = (
+        BASE
+        + "B->A.enabled = true\nA->C.enabled = true\nexactly.once.source.support = enabled\n"
+        + "B.producer.transaction.timeout.ms = 10000\nB.transaction.timeout.ms = 20000\n"
+        + "A.transaction.timeout.ms = 30000\n"
+    )
+    config = load(tmp_path, text)
+    timeouts = {f.name: f.settings.transaction_timeout_ms for f in config.flows}
+    assert timeouts["A->B"] == 10_000
+    assert timeouts["B->A"] == 30_000
+    assert timeouts["A->C"] == DEFAULT_TRANSACTION_TIMEOUT_MS
+    unset = load(tmp_path, BASE).flow("A", "B").settings
+    assert unset.transaction_timeout_ms == DEFAULT_TRANSACTION_TIMEOUT_MS == 60_000
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("ten", "expected a whole number of milliseconds (got 'ten')"),
+        ("999", "expected 1000 to 2147483647 ms (got 999)"),
+    ],
+)
+def test_a_bad_transaction_timeout_names_its_key(tmp_path: Path, value: str, why: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load(tmp_path, BASE + f"B.producer.transaction.timeout.ms = {value}\n")
+    assert "B.producer.transaction.timeout.ms" in str(raised.value)
+    assert why in str(raised.value)
+
+
+def test_an_interval_not_shorter_than_the_timeout_fails_exactly_once_flows(tmp_path: Path) -> None:
+    eos = BASE + "B.exactly.once.source.support = enabled\n"
+    with pytest.raises(ConfigError) as raised:
+        load(
+            tmp_path,
+            eos + "B.producer.transaction.timeout.ms = 5000\n"
+            "A->B.transaction.boundary.interval.ms = 5000\n",
+        )
+    message = str(raised.value)
+    assert "A->B.transaction.boundary.interval.ms" in message
+    assert "5000 ms is not shorter than the transactions' timeout" in message
+    assert "(B.producer.transaction.timeout.ms = 5000)" in message
+    # Connect's 60 s when the timeout is not set.
+    with pytest.raises(ConfigError, match=r"transaction\.timeout\.ms 60000, Connect's"):
+        load(tmp_path, eos + "transaction.boundary.interval.ms = 60000\n")
+    # Shorter is fine; and at-least-once flows open no transaction.
+    load(tmp_path, eos + "B.producer.transaction.timeout.ms = 5000\n")
+    load(tmp_path, BASE + "B.producer.transaction.timeout.ms = 1000\n")
