@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 import struct
 import subprocess
@@ -125,19 +126,35 @@ def test_cli_status_lists_running_clusters(
     assert f"B  127.0.0.1:{broker_port('B')}  running" in done.stdout
 
 
+def _bind_beside_the_sessions_clusters(
+    client: socket.socket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bind `client` to cluster C's controller port under the first port offset of 7, 17,
+    ..., 97 (beside the session's clusters, which move by 100s) where that port is free,
+    and set that offset. Being in the ephemeral range, a given one may be another
+    connection's local port at the moment: in a fresh clone's run, 7's was."""
+    for offset in range(7, 100, 10):
+        monkeypatch.setenv(PORT_OFFSET_VARIABLE, str(offset))
+        try:
+            client.bind(("127.0.0.1", broker_port("C") + 1))
+            return
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                raise
+    pytest.fail("cluster C's controller port is in use under every port offset 7, 17, ..., 97")
+
+
 def test_a_broker_that_cannot_start_keeps_its_folder_and_shows_its_log(
     cluster_a: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # What made C fail to start mid-session: a client socket that the kernel had given
     # a listener port (C's and up lie in the ephemeral range). Here a client socket
     # connected to A holds the would-be broker's controller port, as such a socket would.
-    monkeypatch.setenv(PORT_OFFSET_VARIABLE, "7")  # beside the session's clusters
     kafka = LocalKafka(tmp_path / "state")
-    taken = broker_port("C") + 1
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as client:
         # Closed with a reset, not left in TIME_WAIT: the port is free again for a rerun.
         client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        client.bind(("127.0.0.1", taken))
+        _bind_beside_the_sessions_clusters(client, monkeypatch)
         client.connect(("127.0.0.1", cluster_a.port))
         with pytest.raises(LocalClusterError) as failed:
             kafka.up(["C"], timeout=60)
