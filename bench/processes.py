@@ -1,12 +1,14 @@
 """CPU time and peak memory of a process and its descendants, from /proc (the tree is
 mm2py.dev.processes.process_tree): `ProcessCpu` counts a child that exited up to its
-last sample; `PeakRss` samples resident memory until stopped.
+last sample; `PeakRss` samples resident memory until stopped; `jit_cpu_seconds` is the
+CPU a JVM's just-in-time compiler threads have used.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Final
 
@@ -49,6 +51,34 @@ def process_cpu_seconds(pid: int) -> float | None:
     # state is field 3, utime 14, stime 15.
     fields = raw.rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+# HotSpot names its compiler threads "C1 CompilerThread<n>" and "C2 CompilerThread<n>"
+# (a thread's comm holds 15 characters).
+_COMPILER_THREAD_PREFIXES: Final = ("C1 CompilerThre", "C2 CompilerThre")
+
+
+def jit_cpu_seconds(roots: Sequence[int]) -> float:
+    """User+sys CPU-seconds the JIT compiler threads of every JVM among `roots` and their
+    descendants have used so far (threads of processes gone since are not counted)."""
+    total = 0
+    for root in roots:
+        for pid in process_tree(root):
+            try:
+                threads = os.listdir(f"/proc/{pid}/task")
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue
+            for tid in threads:
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                        raw = f.read()
+                except (FileNotFoundError, ProcessLookupError, PermissionError):
+                    continue
+                name, _, rest = raw.partition("(")[2].rpartition(")")
+                if name.startswith(_COMPILER_THREAD_PREFIXES):
+                    fields = rest.split()
+                    total += int(fields[11]) + int(fields[12])
+    return total / CLOCK_TICKS
 
 
 class ProcessCpu:

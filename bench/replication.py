@@ -57,7 +57,12 @@ KiB records into it at a steady 5,000/s, read on B read_committed (exactly-once
 records become visible at their commit, so that wait is in its figure), from the
 record's timestamp and, as replication latency, from when a reader on A received it;
 the first STEADY_WARMUP_SECONDS of records are not counted (see
-`replication_latency`).
+`replication_latency`). The producer is bench.steady_producer (librdkafka, a process of
+its own), and before the measured records the same steady load runs until the JVMs of
+the run (brokers A and B when this run started them, the replicator if it is one) have
+stopped compiling (`_until_compiled`): on two cores a fresh broker's JIT took a core for
+over a minute, and a measurement during it was of the compiler (2026-11-29: p50 106-164
+ms, p99 1.7-2.9 s for mm2py alone on fresh brokers).
 
 Every row has records/s and, steadier on a shared machine, CPU per record: the
 user+sys CPU-seconds per million records of the replicator's processes (the process
@@ -99,13 +104,17 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argparse
+import json
 import logging
 import math
 import os
 import re
 import shutil
+import signal
 import socket
 import statistics
+import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -114,11 +123,11 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any, Final
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
-from bench.perf_tools import ToolError, prefill, prefill_values, producer_performance
+from bench.perf_tools import ToolError, prefill, prefill_values
 from bench.pipe_limit import pipe_limit
-from bench.processes import PeakRss, ProcessCpu
+from bench.processes import PeakRss, ProcessCpu, jit_cpu_seconds
 from bench.replicators import (
     Copy,
     ReplicatorError,
@@ -218,9 +227,20 @@ WARMUP_RECORDS: Final = 80
 # On the 2-core machine, latencies (per-second maxima, on A alone too) settled only ~20 s
 # after the fresh producer JVM started.
 STEADY_WARMUP_SECONDS: Final = 20
-# The source producer sends each record at once, so its batching adds little to the
-# measured latency (the same small constant for both systems).
-STEADY_PRODUCER_PROPS: Final = {"acks": "1", "linger.ms": "0", "compression.type": "none"}
+# The source producer (bench.steady_producer) waits at most 1 ms to batch, so its
+# batching adds little to the measured latency (the same small constant for every
+# system) and nothing to the replication latency. With linger 0, librdkafka sent so many
+# requests that broker A took 73-87% of a core for 5,000 records/s, against 23-37% for
+# Kafka's ProducerPerformance (linger 0) and 35% for linger 1 ms (2026-11-29, a broker
+# alone, 25 s each).
+STEADY_PRODUCER_PROPS: Final = {"acks": "1", "linger.ms": "1", "compression.type": "none"}
+# Before the measured records, the steady load runs at least COMPILED_MIN_SECONDS and
+# until the run's JVMs' compiler threads used under COMPILED_CPU_SHARE of a core over
+# the last COMPILED_WINDOW_SECONDS, at most COMPILED_MAX_SECONDS (the line says which).
+COMPILED_MIN_SECONDS: Final = 20.0
+COMPILED_WINDOW_SECONDS: Final = 10.0
+COMPILED_CPU_SHARE: Final = 0.05
+COMPILED_MAX_SECONDS: Final = 240.0
 # Python's thread switch interval while both measuring consumers run (default 5 ms).
 SWITCH_INTERVAL_S: Final = 0.0005
 # Issue 12's targets for exactly-once, each in one run: its records/s at least this
@@ -670,6 +690,151 @@ def _warm_up(source: LocalCluster, target: LocalCluster, topic: str, running: Ru
         time.sleep(0.5)
 
 
+def _start_steady(cluster: LocalCluster, topic: str, records: int = 0) -> subprocess.Popen[str]:
+    """bench.steady_producer at LATENCY_RATE into `topic`: `records`, or until SIGTERM."""
+    settings = {**cluster.client_properties(), **STEADY_PRODUCER_PROPS}
+    bootstrap = settings.pop("bootstrap.servers")
+    command = [
+        sys.executable,
+        "-m",
+        "bench.steady_producer",
+        bootstrap,
+        topic,
+        "--rate",
+        str(LATENCY_RATE),
+        "--bytes",
+        str(LATENCY_RECORD_BYTES),
+        "--records",
+        str(records),
+        *(arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")),
+    ]
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent
+    )
+
+
+def _steady_result(producer: subprocess.Popen[str], topic: str, timeout: float) -> dict[str, Any]:
+    """What the steady producer into `topic` reported once it exited; raises if a record
+    was not acknowledged."""
+    try:
+        out, _ = producer.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as late:
+        producer.kill()
+        producer.communicate()
+        raise ReplicatorError(
+            f"the steady producer into {topic} ran past {timeout:.0f} s"
+        ) from late
+    lines = out.strip().splitlines()
+    result: dict[str, Any] | None = json.loads(lines[-1]) if lines else None
+    if producer.returncode != 0 or result is None or result["errors"]:
+        raise ReplicatorError(
+            f"the steady producer into {topic} failed (exit code {producer.returncode}): {result}"
+        )
+    return result
+
+
+class _Reader(threading.Thread):
+    """Reads a topic from its beginning, read_committed, counting records, until stopped."""
+
+    def __init__(self, cluster: LocalCluster, topic: str) -> None:
+        super().__init__(name=f"read-{cluster.alias}-{topic}", daemon=True)
+        self.cluster = cluster
+        self.topic = topic
+        self.count = 0
+        self.error: str | None = None
+        self._stop_reading = threading.Event()
+
+    def run(self) -> None:
+        consumer = clients.consumer(
+            self.cluster.client_properties(), {"isolation.level": "read_committed"}
+        )
+        try:
+            consumer.assign(
+                [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in range(LATENCY_PARTITIONS)]
+            )
+            while not self._stop_reading.is_set():
+                for msg in consumer.consume(1000, 0.2):
+                    if msg.error():
+                        self.error = f"reading {self.topic} on {self.cluster.alias}: {msg.error()}"
+                        return
+                    self.count += 1
+        finally:
+            consumer.close()
+
+    def stop(self) -> None:
+        self._stop_reading.set()
+        self.join()
+
+
+def _until_compiled(
+    source: LocalCluster,
+    target: LocalCluster,
+    topic: str,
+    running: Running,
+    jvm_pids: Sequence[int],
+) -> dict[str, Any]:
+    """The steady load through the live pipeline, with readers on A and B, until the JIT
+    compilers of `jvm_pids` (brokers) and of the replicator's process tree are quiet (see
+    COMPILED_*), then until B has every record: the measurement then starts on warm
+    JVMs with nothing left to copy. Returns the line's warm-up fields."""
+    remote = f"{source.alias}.{topic}"
+    roots = [*jvm_pids, running.pid]
+    readers = [_Reader(source, topic), _Reader(target, remote)]
+    for reader in readers:
+        reader.start()
+    producer = _start_steady(source, topic)
+    start = time.monotonic()
+    samples = [(start, jit_cpu_seconds(roots))]
+    share = math.inf
+    try:
+        while True:
+            time.sleep(1.0)
+            check_alive(running)
+            if producer.poll() is not None:
+                break  # _steady_result says why
+            now = time.monotonic()
+            samples.append((now, jit_cpu_seconds(roots)))
+            while len(samples) > 2 and samples[1][0] <= now - COMPILED_WINDOW_SECONDS:
+                samples.pop(0)
+            (t0, cpu0), (t1, cpu1) = samples[0], samples[-1]
+            share = (cpu1 - cpu0) / (t1 - t0)
+            elapsed = now - start
+            settled = share < COMPILED_CPU_SHARE or elapsed >= COMPILED_MAX_SECONDS
+            if elapsed >= COMPILED_MIN_SECONDS and t1 - t0 >= COMPILED_WINDOW_SECONDS and settled:
+                break
+    finally:
+        producer.send_signal(signal.SIGTERM)
+    elapsed = time.monotonic() - start
+    try:
+        produced = _steady_result(producer, topic, 120)
+        wanted = WARMUP_RECORDS + produced["acked"]
+        deadline = time.monotonic() + 180
+        while readers[1].count < wanted:
+            check_alive(running)
+            for reader in readers:
+                if reader.error is not None:
+                    raise ReplicatorError(reader.error)
+            if time.monotonic() > deadline:
+                raise ReplicatorError(
+                    f"{running.system} copied {readers[1].count} of {wanted} warm-up records"
+                    f" of {topic}"
+                )
+            time.sleep(0.5)
+    finally:
+        for reader in readers:
+            reader.stop()
+    compiled = share < COMPILED_CPU_SHARE
+    log.info(
+        "%s: warm-up load for %.0f s; compiler threads at %.1f%% of a core over the last %.0f s%s",
+        running.system,
+        elapsed,
+        share * 100,
+        COMPILED_WINDOW_SECONDS,
+        "" if compiled else f" (still compiling at the {COMPILED_MAX_SECONDS:.0f} s limit)",
+    )
+    return {"warmup_s": round(elapsed, 1), "warmup_jit_cpu_share": round(share, 3)}
+
+
 def _receive(
     consumer: Any, records: int, deadline: float, running: Running
 ) -> list[tuple[int, int, float]]:
@@ -721,8 +886,11 @@ def replication_latency(
     run_dir: Path,
     interval_ms: int | None = None,
     settings: Mapping[str, str] | None = None,
+    jvm_pids: Sequence[int] = (),
 ) -> dict[str, Any]:
-    """p50/p99 latency of `system` at LATENCY_RATE records/s over `seconds` seconds.
+    """p50/p99 latency of `system` at LATENCY_RATE records/s over `seconds` seconds, once
+    the JVMs of `jvm_pids` (the brokers) and of the replicator have compiled what the
+    load runs (`_until_compiled`).
 
     Latency of a record = wall clock when the measuring consumer on B receives it -
     its timestamp, which the source producer sets at send time and every system copies.
@@ -753,6 +921,7 @@ def replication_latency(
             PeakRss(running.pid) as rss,
         ):
             _warm_up(source, target, topic, running)
+            warm = _until_compiled(source, target, topic, running, jvm_pids)
             cpu = ProcessCpu(running.pid)
             cpu_start = cpu.sample()
             consumer = clients.consumer(
@@ -776,15 +945,9 @@ def replication_latency(
             # Both consumers' threads take the interpreter promptly after a fetch.
             switch_interval = sys.getswitchinterval()
             sys.setswitchinterval(SWITCH_INTERVAL_S)
-            with ThreadPoolExecutor(2) as pool:
-                produced = pool.submit(
-                    producer_performance,
-                    source,
-                    topic,
-                    steady,
-                    STEADY_PRODUCER_PROPS,
-                    LATENCY_RATE,
-                )
+            jit_start = jit_cpu_seconds([*jvm_pids, running.pid])
+            producer = _start_steady(source, topic, steady.records)
+            with ThreadPoolExecutor(1) as pool:
                 deadline = time.monotonic() + produce_s + 120
                 on_source = pool.submit(
                     _receive, source_consumer, steady.records, deadline, running
@@ -797,7 +960,8 @@ def replication_latency(
                     source_consumer.close()
                     sys.setswitchinterval(switch_interval)
                 cpu_s = cpu.sample() - cpu_start
-                produced.result()
+                jit_s = jit_cpu_seconds([*jvm_pids, running.pid]) - jit_start
+                _steady_result(producer, topic, 120)
     finally:
         delete_topics(source, [topic])
         delete_topics(target, [remote])
@@ -832,6 +996,9 @@ def replication_latency(
         max_ms=round(latencies[-1], 1),
         load_1m_before=load[0],
         load_avg_before=load,
+        **warm,
+        # The compiler threads' share of a core while the measured records were sent.
+        jit_cpu_share=round(jit_s / produce_s, 3),
         **(
             {"transaction_interval_ms": _interval(interval_ms)}
             if system in EXACTLY_ONCE_SYSTEMS
@@ -1118,9 +1285,19 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     measure(system, workload.label, partial(fastest_copy, run, copies))
         if seconds > 0:
+            # The brokers' JIT is waited for only where this run started them.
+            pids = [] if started is None else [started.pid(alias) for alias in ("A", "B")]
+            broker_pids = [pid for pid in pids if pid is not None]
             for system in (s for s in REPLICATORS if s in args.systems):
                 run = partial(
-                    replication_latency, system, seconds, clusters, run_dir, interval_ms, settings
+                    replication_latency,
+                    system,
+                    seconds,
+                    clusters,
+                    run_dir,
+                    interval_ms,
+                    settings,
+                    broker_pids,
                 )
                 measure(system, f"steady-{LATENCY_RATE}rps", run)
     finally:
