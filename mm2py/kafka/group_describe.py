@@ -61,6 +61,7 @@ from mm2py.kafka.raw_clients import (
     TP,
     RawLoop,
     client_settings,
+    find_coordinator,
 )
 
 GROUP_COORDINATOR = 0  # FindCoordinator's key type for a group
@@ -171,7 +172,7 @@ async def _describe_one(client: Any, group: str, deadline: float) -> GroupDescri
 
 
 async def _find_and_ask(client: Any, group: str) -> GroupDescription | tuple[int, str]:
-    node = await client.coordinator_lookup(GROUP_COORDINATOR, group)
+    node = await find_coordinator(client, GROUP_COORDINATOR, group)
     return await _ask_coordinator(client, node, group)
 
 

@@ -265,6 +265,23 @@ def error_class(code: int) -> Any:
     return aiokafka_errors.for_code(code)
 
 
+async def find_coordinator(client: AIOKafkaClient, key_type: int, key: str) -> int:
+    """The coordinator of `key` (FindCoordinator's `key_type`: 0 a group, 1 a
+    transactional id), as aiokafka's lookup finds it; raises aiokafka's errors.
+
+    A broker that is starting can answer Metadata naming no broker yet, which aiokafka
+    keeps out of its view: its lookup then fails an assertion instead of asking. Here the
+    metadata is asked again first, and with still no broker known NodeNotReadyError (one
+    of CONNECTION_ERRORS) is raised, for the caller to retry."""
+    if client.get_random_node() is None:
+        await client.force_metadata_update()
+        if client.get_random_node() is None:
+            raise aiokafka_errors.NodeNotReadyError(
+                "no broker known yet: the cluster's metadata named none"
+            )
+    return int(await client.coordinator_lookup(key_type, key))
+
+
 def describe(tps: Sequence[TP]) -> str:
     """`t-0, t-1` (the first 5, then how many more)."""
     names = [f"{t}-{p}" for t, p in sorted(tps)]

@@ -50,6 +50,7 @@ from mm2py.kafka.raw_clients import (
     RawCopyClients,
     RawPartitionError,
     error_class,
+    find_coordinator,
 )
 from mm2py.kafka.record_batches import RecordBatch, split_batches
 
@@ -90,7 +91,7 @@ class TransactionalProduceSession(IdempotentProduceSession):
             client_factory=client_factory,
             alias=alias,
         )
-        self.transactional_id = transactional_id
+        self.transactional_id: str = transactional_id
         self.transaction_timeout_ms = transaction_timeout_ms
         self.in_transaction = False
         self._coordinator: int | None = None
@@ -106,10 +107,8 @@ class TransactionalProduceSession(IdempotentProduceSession):
         while True:
             try:
                 if self._coordinator is None:
-                    self._coordinator = int(
-                        await self._client.coordinator_lookup(
-                            TRANSACTION_COORDINATOR, self.transactional_id
-                        )
+                    self._coordinator = await find_coordinator(
+                        self._client, TRANSACTION_COORDINATOR, self.transactional_id
                     )
                 response = await self._client.send(self._coordinator, request)
                 code = _error_code(response)
