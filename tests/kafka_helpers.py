@@ -72,19 +72,44 @@ def end_transaction(producer: Any, commit: bool, timeout: float = 30) -> None:
     producer.abort_transaction(timeout)
 
 
+# Answers of a group coordinator that is moving or still loading: an admin tool (Kafka's
+# AdminClient) asks again.
+_COORDINATOR_NOT_READY = frozenset(
+    {
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+    }
+)
+
+
 def commit_offsets(
-    cluster: LocalCluster, group: str, offsets: dict[tuple[str, int], int], metadata: str = ""
+    cluster: LocalCluster,
+    group: str,
+    offsets: dict[tuple[str, int], int],
+    metadata: str = "",
+    timeout: float = 30.0,
 ) -> None:
-    """Commit offsets for a group without members (as an admin tool would)."""
+    """Commit offsets for a group without members, as an admin tool would: asked again
+    while the coordinator is not ready (e.g. still loading the group offsets after a
+    broker's restart, which an earlier test on the same cluster may have just done),
+    until `timeout`."""
+    partitions = [
+        TopicPartition(t, p, o, metadata) if metadata else TopicPartition(t, p, o)
+        for (t, p), o in offsets.items()
+    ]
+    deadline = time.monotonic() + timeout
     consumer = clients.consumer(cluster.client_properties(), {"group.id": group})
     try:
-        consumer.commit(
-            offsets=[
-                TopicPartition(t, p, o, metadata) if metadata else TopicPartition(t, p, o)
-                for (t, p), o in offsets.items()
-            ],
-            asynchronous=False,
-        )
+        while True:
+            try:
+                consumer.commit(offsets=partitions, asynchronous=False)
+                return
+            except KafkaException as exc:
+                not_ready = exc.args[0].code() in _COORDINATOR_NOT_READY
+                if not not_ready or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
     finally:
         consumer.close()
 
