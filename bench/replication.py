@@ -782,6 +782,20 @@ def _until_compiled(
     readers = [_Reader(source, topic), _Reader(target, remote)]
     for reader in readers:
         reader.start()
+    try:
+        return _load_until_compiled(source, topic, running, roots, readers)
+    finally:
+        for reader in readers:
+            reader.stop()
+
+
+def _load_until_compiled(
+    source: LocalCluster,
+    topic: str,
+    running: Running,
+    roots: Sequence[int],
+    readers: Sequence[_Reader],
+) -> dict[str, Any]:
     producer = _start_steady(source, topic)
     start = time.monotonic()
     samples = [(start, jit_cpu_seconds(roots))]
@@ -805,24 +819,19 @@ def _until_compiled(
     finally:
         producer.send_signal(signal.SIGTERM)
     elapsed = time.monotonic() - start
-    try:
-        produced = _steady_result(producer, topic, 120)
-        wanted = WARMUP_RECORDS + produced["acked"]
-        deadline = time.monotonic() + 180
-        while readers[1].count < wanted:
-            check_alive(running)
-            for reader in readers:
-                if reader.error is not None:
-                    raise ReplicatorError(reader.error)
-            if time.monotonic() > deadline:
-                raise ReplicatorError(
-                    f"{running.system} copied {readers[1].count} of {wanted} warm-up records"
-                    f" of {topic}"
-                )
-            time.sleep(0.5)
-    finally:
+    produced = _steady_result(producer, topic, 120)
+    wanted = WARMUP_RECORDS + produced["acked"]
+    deadline = time.monotonic() + 180
+    while readers[1].count < wanted:
+        check_alive(running)
         for reader in readers:
-            reader.stop()
+            if reader.error is not None:
+                raise ReplicatorError(reader.error)
+        if time.monotonic() > deadline:
+            raise ReplicatorError(
+                f"{running.system} copied {readers[1].count} of {wanted} warm-up records of {topic}"
+            )
+        time.sleep(0.5)
     compiled = share < COMPILED_CPU_SHARE
     log.info(
         "%s: warm-up load for %.0f s; compiler threads at %.1f%% of a core over the last %.0f s%s",
@@ -955,6 +964,10 @@ def replication_latency(
                 try:
                     received = _receive(consumer, steady.records, deadline, running)
                     read_on_source = on_source.result()
+                except BaseException:
+                    producer.kill()  # nothing is measured: it need not finish
+                    producer.communicate()
+                    raise
                 finally:
                     consumer.close()
                     source_consumer.close()
@@ -969,8 +982,8 @@ def replication_latency(
         raise ReplicatorError(
             f"{system}: received {len(received)} of {steady.records} records of {remote}"
         )
-    # Only records sent after the first STEADY_WARMUP_SECONDS count: the cold JVMs and
-    # first fetches are start-up, not the steady state.
+    # Only records sent after the first STEADY_WARMUP_SECONDS count: the new producer and
+    # the first fetches are start-up, not the steady state (the JVMs compiled before).
     cut = min(ts for _, ts, _ in received) + STEADY_WARMUP_SECONDS * 1000
     latencies = sorted(when - ts for _, ts, when in received if ts >= cut)
     replication = sorted(
