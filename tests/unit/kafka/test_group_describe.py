@@ -48,6 +48,9 @@ def test_empty_and_dead_groups_without_members_are_idle_others_are_not() -> None
 class _SilentCoordinator:
     """A client whose coordinator lookup never answers (a broker paused mid-request)."""
 
+    def get_random_node(self) -> int:
+        return 1  # a broker is known: the lookup is sent
+
     async def coordinator_lookup(self, _key_type: int, _group: str) -> int:
         await asyncio.sleep(3600)
         return 0
