@@ -1,7 +1,7 @@
 """CPU time and peak memory of a process and its descendants, from /proc (the tree is
 mm2py.dev.processes.process_tree): `ProcessCpu` counts a child that exited up to its
-last sample; `PeakRss` samples resident memory until stopped; `jit_cpu_seconds` is the
-CPU a JVM's just-in-time compiler threads have used.
+last sample; `PeakRss` samples resident memory until stopped; `JitCpu` is the CPU a
+JVM's just-in-time compiler threads have used.
 """
 
 from __future__ import annotations
@@ -58,27 +58,38 @@ def process_cpu_seconds(pid: int) -> float | None:
 _COMPILER_THREAD_PREFIXES: Final = ("C1 CompilerThre", "C2 CompilerThre")
 
 
-def jit_cpu_seconds(roots: Sequence[int]) -> float:
-    """User+sys CPU-seconds the JIT compiler threads of every JVM among `roots` and their
-    descendants have used so far (threads of processes gone since are not counted)."""
-    total = 0
-    for root in roots:
-        for pid in process_tree(root):
-            try:
-                threads = os.listdir(f"/proc/{pid}/task")
-            except (FileNotFoundError, ProcessLookupError, PermissionError):
-                continue
-            for tid in threads:
+class JitCpu:
+    """User+sys CPU time of the JIT compiler threads of every JVM among `roots` and their
+    descendants.
+
+    Each `sample()` returns the sum over every compiler thread ever seen, each at its last
+    reading: HotSpot ends idle compiler threads (and starts them again), and a thread
+    that ended still counts, so the sum never goes down.
+    """
+
+    def __init__(self, roots: Sequence[int]) -> None:
+        self.roots = list(roots)
+        self.seen: dict[tuple[int, str], float] = {}
+
+    def sample(self) -> float:
+        for root in self.roots:
+            for pid in process_tree(root):
                 try:
-                    with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                        raw = f.read()
+                    threads = os.listdir(f"/proc/{pid}/task")
                 except (FileNotFoundError, ProcessLookupError, PermissionError):
                     continue
-                name, _, rest = raw.partition("(")[2].rpartition(")")
-                if name.startswith(_COMPILER_THREAD_PREFIXES):
-                    fields = rest.split()
-                    total += int(fields[11]) + int(fields[12])
-    return total / CLOCK_TICKS
+                for tid in threads:
+                    try:
+                        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                            raw = f.read()
+                    except (FileNotFoundError, ProcessLookupError, PermissionError):
+                        continue
+                    name, _, rest = raw.partition("(")[2].rpartition(")")
+                    if name.startswith(_COMPILER_THREAD_PREFIXES):
+                        fields = rest.split()
+                        ticks = int(fields[11]) + int(fields[12])
+                        self.seen[(pid, tid)] = ticks / CLOCK_TICKS
+        return sum(self.seen.values())
 
 
 class ProcessCpu:

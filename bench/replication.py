@@ -127,7 +127,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
 from bench.perf_tools import ToolError, prefill, prefill_values
 from bench.pipe_limit import pipe_limit
-from bench.processes import PeakRss, ProcessCpu, jit_cpu_seconds
+from bench.processes import JitCpu, PeakRss, ProcessCpu
 from bench.replicators import (
     Copy,
     ReplicatorError,
@@ -798,7 +798,8 @@ def _load_until_compiled(
 ) -> dict[str, Any]:
     producer = _start_steady(source, topic)
     start = time.monotonic()
-    samples = [(start, jit_cpu_seconds(roots))]
+    jit = JitCpu(roots)
+    samples = [(start, jit.sample())]
     share = math.inf
     try:
         while True:
@@ -807,7 +808,7 @@ def _load_until_compiled(
             if producer.poll() is not None:
                 break  # _steady_result says why
             now = time.monotonic()
-            samples.append((now, jit_cpu_seconds(roots)))
+            samples.append((now, jit.sample()))
             while len(samples) > 2 and samples[1][0] <= now - COMPILED_WINDOW_SECONDS:
                 samples.pop(0)
             (t0, cpu0), (t1, cpu1) = samples[0], samples[-1]
@@ -954,7 +955,8 @@ def replication_latency(
             # Both consumers' threads take the interpreter promptly after a fetch.
             switch_interval = sys.getswitchinterval()
             sys.setswitchinterval(SWITCH_INTERVAL_S)
-            jit_start = jit_cpu_seconds([*jvm_pids, running.pid])
+            jit = JitCpu([*jvm_pids, running.pid])
+            jit_start = jit.sample()
             producer = _start_steady(source, topic, steady.records)
             with ThreadPoolExecutor(1) as pool:
                 deadline = time.monotonic() + produce_s + 120
@@ -973,7 +975,7 @@ def replication_latency(
                     source_consumer.close()
                     sys.setswitchinterval(switch_interval)
                 cpu_s = cpu.sample() - cpu_start
-                jit_s = jit_cpu_seconds([*jvm_pids, running.pid]) - jit_start
+                jit_s = jit.sample() - jit_start
                 _steady_result(producer, topic, 120)
     finally:
         delete_topics(source, [topic])
