@@ -37,20 +37,28 @@ def _comm(pid: int) -> str:
         return "?"
 
 
-def process_cpu_seconds(pid: int) -> float | None:
-    """User+sys CPU-seconds `pid` used so far, all its threads (None if it is gone).
-
-    Its waited-for children are not included (`ProcessCpu` follows them itself).
-    """
+def _stat_cpu(path: str) -> tuple[str, float] | None:
+    """The command name and user+sys CPU-seconds in a /proc `stat` file (of a process or
+    a thread), or None if it is gone."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(path) as f:
             raw = f.read()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     # Fields after the command name, which is in parentheses and may hold spaces:
     # state is field 3, utime 14, stime 15.
-    fields = raw.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    name, _, rest = raw.partition("(")[2].rpartition(")")
+    fields = rest.split()
+    return name, (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User+sys CPU-seconds `pid` used so far, all its threads (None if it is gone).
+
+    Its waited-for children are not included (`ProcessCpu` follows them itself).
+    """
+    stat = _stat_cpu(f"/proc/{pid}/stat")
+    return None if stat is None else stat[1]
 
 
 # HotSpot names its compiler threads "C1 CompilerThread<n>" and "C2 CompilerThread<n>"
@@ -79,16 +87,9 @@ class JitCpu:
                 except (FileNotFoundError, ProcessLookupError, PermissionError):
                     continue
                 for tid in threads:
-                    try:
-                        with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                            raw = f.read()
-                    except (FileNotFoundError, ProcessLookupError, PermissionError):
-                        continue
-                    name, _, rest = raw.partition("(")[2].rpartition(")")
-                    if name.startswith(_COMPILER_THREAD_PREFIXES):
-                        fields = rest.split()
-                        ticks = int(fields[11]) + int(fields[12])
-                        self.seen[(pid, tid)] = ticks / CLOCK_TICKS
+                    stat = _stat_cpu(f"/proc/{pid}/task/{tid}/stat")
+                    if stat is not None and stat[0].startswith(_COMPILER_THREAD_PREFIXES):
+                        self.seen[(pid, tid)] = stat[1]
         return sum(self.seen.values())
 
 

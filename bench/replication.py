@@ -61,8 +61,8 @@ the first STEADY_WARMUP_SECONDS of records are not counted (see
 its own), and before the measured records the same steady load runs until the JVMs of
 the run (brokers A and B when this run started them, the replicator if it is one) have
 stopped compiling (`_until_compiled`): on two cores a fresh broker's JIT took a core for
-over a minute, and a measurement during it was of the compiler (2026-11-29: p50 106-164
-ms, p99 1.7-2.9 s for mm2py alone on fresh brokers).
+over a minute, and a measurement during it was of the compiler (2026-11-29: p50 102-196
+ms, p99 0.9-2.9 s for mm2py alone on fresh brokers).
 
 Every row has records/s and, steadier on a shared machine, CPU per record: the
 user+sys CPU-seconds per million records of the replicator's processes (the process
@@ -224,15 +224,15 @@ LATENCY_PARTITIONS: Final = 8
 # (JVM, Connect worker and task start-up are not replication latency).
 WARMUP_RECORDS: Final = 80
 # The steady producer runs this much longer; records of its first seconds are not counted.
-# On the 2-core machine, latencies (per-second maxima, on A alone too) settled only ~20 s
-# after the fresh producer JVM started.
+# Kept from when the producer was a fresh JVM (ProducerPerformance), whose latencies
+# settled only ~20 s after it started; the JVMs now compile first (`_until_compiled`).
 STEADY_WARMUP_SECONDS: Final = 20
 # The source producer (bench.steady_producer) waits at most 1 ms to batch, so its
 # batching adds little to the measured latency (the same small constant for every
 # system) and nothing to the replication latency. With linger 0, librdkafka sent so many
 # requests that broker A took 73-87% of a core for 5,000 records/s, against 23-37% for
-# Kafka's ProducerPerformance (linger 0) and 35% for linger 1 ms (2026-11-29, a broker
-# alone, 25 s each).
+# Kafka's ProducerPerformance (linger 0) once the broker had compiled, and 35% for linger
+# 1 ms (2026-11-29, a broker alone, 25 s each).
 STEADY_PRODUCER_PROPS: Final = {"acks": "1", "linger.ms": "1", "compression.type": "none"}
 # Before the measured records, the steady load runs at least COMPILED_MIN_SECONDS and
 # until the run's JVMs' compiler threads used under COMPILED_CPU_SHARE of a core over
