@@ -33,6 +33,7 @@ from tests.kafka_helpers import (
     Rec,
     Transactions,
     create_topic,
+    end_offsets,
     produce,
     read_all,
     transaction_timeout_ms,
@@ -192,8 +193,22 @@ def test_a_node_stopped_past_its_session_is_fenced_and_commits_nothing_after(
     ):
         _wait_tasks([zombie], 2)
         with running_daemon(config) as other:
-            running = _wait_tasks([zombie, other], 2)
+            running = _wait_tasks([zombie, other], 2, partitions=PARTITIONS)
             moved = _tasks_of(running, zombie)
+            # Stopped before its task process had written (its copy loop not yet started,
+            # until 2026-11-29), the zombie learnt of its lost session before it wrote
+            # anything: it stopped its task, fenced by nobody. So it stops while it writes.
+            ours = {
+                int(name.rsplit("-", 1)[1])
+                for task in moved
+                for name in running[task][1]["partitions"]
+            }
+            before = end_offsets(cluster_b, f"A.{topic}")
+            wait_until(
+                lambda: all(end_offsets(cluster_b, f"A.{topic}")[p] > before[p] for p in ours),
+                timeout=30,
+                what=f"the zombie's task {moved} writing partitions {sorted(ours)} on B",
+            )
             stopped = [zombie.proc.pid, *zombie.task_pids()]
             for pid in stopped:
                 os.kill(pid, signal.SIGSTOP)
@@ -205,7 +220,9 @@ def test_a_node_stopped_past_its_session_is_fenced_and_commits_nothing_after(
                 )
                 time.sleep(2)  # the new owner copies and commits
             finally:
-                for pid in stopped:
+                # A paused VM wakes as a whole; the task processes go on first here, so
+                # that what is tested is their next write, not the node's stopping them.
+                for pid in reversed(stopped):
                     os.kill(pid, signal.SIGCONT)
             wait_until(
                 lambda: _FENCED.search(zombie.log()),
