@@ -1,4 +1,4 @@
-"""Raw record batches over Kafka's protocol, for many partitions on one event-loop thread.
+"""Raw record batches over Kafka's protocol, for many partitions on one event loop.
 
 confluent-kafka cannot fetch or produce batches as bytes, so this module uses aiokafka's
 protocol layer (`AIOKafkaClient.send` with Fetch v11 and Produce v7 against Kafka 4.x).
@@ -29,18 +29,17 @@ protocol layer (`AIOKafkaClient.send` with Fetch v11 and Produce v7 against Kafk
 - A broker that cannot be connected to is asked (`ACCESS_PROBE_INTERVAL`) whether it
   refuses the login or the TLS handshake: `AccessRefused` then, at once, with the text
   the record copier gives (mm2py.kafka.clients.refused_access); retrying cannot fix it.
-- `RawLoop` is the one thread: sessions' coroutines run on it; `RawCopyClients` is a
-  copier's synchronous facade (construct, then `open()`; `close()` stops the thread).
+- `RawLoop` runs the sessions' coroutines on the calling thread, the one that owns the
+  clients; `RawCopyClients` is a copier's synchronous facade (construct, then `open()`;
+  `close()` closes the sessions and the loop).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import ssl
-import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -87,6 +86,8 @@ FETCH_MAX_BYTES = 16 << 20
 # (s); a stop waits at most this long for a session to close.
 ANSWER_GRACE = 1.0
 CLOSE_TIMEOUT = 2.0
+# How long a cancelled call, or what is out at a stop, has to end.
+CANCEL_GRACE = 1.0
 # A closing FetchSession waits this long (s) for its brokers to close their sessions.
 SESSION_CLOSE_WAIT = 1.0
 # The source consumer's librdkafka keys that set a FetchSession's limits, where set.
@@ -229,27 +230,42 @@ class LoopTimeout(TimeoutError):
 
 
 class RawLoop:
-    """An asyncio loop on a thread of its own; `run` waits for a coroutine on it."""
+    """An asyncio loop that runs on the thread that calls `run`, only while it runs: the
+    one thread that owns it (a copier's). Requests a call leaves out (a prefetched Fetch)
+    go on during the next call; their answers wait in the sockets in between. No thread
+    of its own: a copy round's fetch and produce would each wake a second thread and
+    hand back to the first, and on two cores those hand-overs took a fifth of the copy
+    path's CPU (issue 23)."""
 
     def __init__(self, name: str) -> None:
+        self.name = name
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
-        self._thread.start()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """`coro`'s result; past `timeout` (s) it is cancelled and LoopTimeout raised."""
-        future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return future.result(timeout)
-        except TimeoutError:
-            if future.done():
-                raise  # the coroutine's own
-            future.cancel()
-            raise LoopTimeout(f"no answer within {timeout} s") from None
+        if timeout is None:
+            return self._loop.run_until_complete(coro)
+        return self._loop.run_until_complete(self._bounded(coro, timeout))
+
+    async def _bounded(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        task = asyncio.ensure_future(coro)
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if not done:
+            task.cancel()
+            # its cancellation runs now (an answer it waited on is dropped); one stuck
+            # past CANCEL_GRACE is left to `stop`
+            await asyncio.wait({task}, timeout=CANCEL_GRACE)
+            raise LoopTimeout(f"{self.name}: no answer within {timeout} s")
+        return task.result()  # a TimeoutError here is the coroutine's own
 
     def stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
+        """Cancel what is still out (prefetched Fetches), let it end, close the loop."""
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            self._loop.run_until_complete(asyncio.wait(pending, timeout=CANCEL_GRACE))
+        self._loop.run_until_complete(self._loop.shutdown_asyncgens())
         self._loop.close()
 
 
@@ -1132,12 +1148,12 @@ PRODUCE_ADVICE = {
 
 
 class SessionsOnLoop:
-    """Sessions on one `RawLoop` thread of their own, behind synchronous calls for one
-    caller thread: construct (no network), `open()` starts the thread and opens the
-    sessions in order, `close()` closes them and stops it."""
+    """Sessions on one `RawLoop`, behind synchronous calls for the one thread that owns
+    them: construct (no network), `open()` creates the loop and opens the sessions in
+    order, `close()` closes them and the loop."""
 
-    def __init__(self, thread_name: str, what: str, sessions: Sequence[_Session]) -> None:
-        self._thread_name = thread_name
+    def __init__(self, loop_name: str, what: str, sessions: Sequence[_Session]) -> None:
+        self._loop_name = loop_name
         self._what = what  # for "... is not open"
         self._sessions = list(sessions)
         self._loop: RawLoop | None = None
@@ -1149,7 +1165,7 @@ class SessionsOnLoop:
     def open(self) -> None:
         if self._loop is not None:
             return
-        self._loop = RawLoop(self._thread_name)
+        self._loop = RawLoop(self._loop_name)
         try:
             for session in self._sessions:
                 self._loop.run(session.open())
@@ -1192,7 +1208,7 @@ class SessionsOnLoop:
 
 class RawCopyClients(SessionsOnLoop):
     """A copier's raw clients: a `FetchSession` on the source and an
-    `IdempotentProduceSession` on the target, both on one `RawLoop` thread (`open()`
+    `IdempotentProduceSession` on the target, both on one `RawLoop` (`open()`
     connects to both clusters and gets a producer id)."""
 
     def __init__(self, fetch: FetchSession, produce: IdempotentProduceSession, name: str) -> None:
@@ -1219,9 +1235,8 @@ class RawCopyClients(SessionsOnLoop):
         prefetch: Mapping[TP, int] | None = None,
     ) -> dict[TP, list[int] | BatchRejected]:
         """`IdempotentProduceSession.produce`; with `prefetch`, `FetchSession.prefetch` of
-        those positions first, in the same call on the loop: a copy round hands its work
-        to the loop's thread once less (each hand-over wakes two threads, on the
-        critical path of every record)."""
+        those positions first, in the same call on the loop: the Fetch is out while the
+        produce waits for its acknowledgement."""
         return self._run(self._prefetch_and_produce(batches, prefetch))
 
     async def _prefetch_and_produce(

@@ -1,6 +1,6 @@
 """One partition's raw-batch data path, for tools and tests that look at a single partition
 (the benchmark's batch census, the pass-through tests). The batch copier uses
-mm2py.kafka.raw_clients directly: one thread and one session per cluster for all its
+mm2py.kafka.raw_clients directly: one loop and one session per cluster for all its
 partitions.
 
 - `RawFetcher`: Fetch at read_committed from one source partition; returns the records bytes
@@ -8,9 +8,9 @@ partitions.
   partition that is retrying until it answers or `retry_timeout` passes.
 - `IdempotentRawProducer`: an idempotent producer of one target partition; `produce` returns
   each batch's target base offset, or raises `BatchRejected`.
-- Each object runs its session on a `RawLoop` thread of its own (`SessionsOnLoop`); its
-  methods are synchronous and meant for one caller thread. Construct (no network), then
-  `open()`; `close()` stops it.
+- Each object runs its session on a `RawLoop` of its own (`SessionsOnLoop`), on the
+  thread that calls it: its methods are synchronous and meant for one caller thread.
+  Construct (no network), then `open()`; `close()` closes it.
 """
 
 from __future__ import annotations

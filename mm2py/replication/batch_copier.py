@@ -2,8 +2,8 @@
 source's record batches passed through as they are, compressed bytes untouched. Issue 29;
 docs/design/batch-passthrough.md.
 
-Contract, on the one thread that owns the copier, with one `RawCopyClients` (one event-loop
-thread, mm2py.kafka.raw_clients) for all its partitions:
+Contract, on the one thread that owns the copier, with one `RawCopyClients` (one event
+loop, run on that thread: mm2py.kafka.raw_clients) for all its partitions:
 - Each round fetches every assigned partition from its position (after its progress, else
   its log start) at read_committed, one Fetch per source leader, and `classify`s the
   batches (mm2py.kafka.record_batches). The next round's Fetch goes out before this

@@ -5,6 +5,8 @@ errors that stay with their partition."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -283,3 +285,36 @@ def test_the_loop_gives_up_waiting_apart_from_a_coroutines_own_timeout() -> None
         assert loop.run(asyncio.sleep(0, result=7), 5) == 7
     finally:
         loop.stop()
+
+
+def test_the_loop_runs_on_the_calling_thread_and_what_a_call_leaves_out_goes_on_in_the_next() -> (
+    None
+):
+    loop = RawLoop("test-loop")
+
+    async def thread_of_the_call() -> int:
+        return threading.get_ident()
+
+    async def leave_out(seconds: float) -> asyncio.Task[str]:
+        async def answer() -> str:
+            await asyncio.sleep(seconds)
+            return "answered"
+
+        task = asyncio.ensure_future(answer())
+        await asyncio.sleep(0)  # it has started: sent, say, and waits for its answer
+        return task
+
+    async def wait_for(task: asyncio.Task[str]) -> str:
+        return await task
+
+    try:
+        assert loop.run(thread_of_the_call()) == threading.get_ident()
+        out = loop.run(leave_out(0.05))
+        assert not out.done()
+        time.sleep(0.1)  # between calls nothing runs on the loop
+        assert not out.done()
+        assert loop.run(wait_for(out), 5) == "answered"
+        forgotten = loop.run(leave_out(30))
+    finally:
+        loop.stop()
+    assert forgotten.cancelled()
