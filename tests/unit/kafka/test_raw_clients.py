@@ -287,9 +287,7 @@ def test_the_loop_gives_up_waiting_apart_from_a_coroutines_own_timeout() -> None
         loop.stop()
 
 
-def test_the_loop_runs_on_the_calling_thread_and_what_a_call_leaves_out_goes_on_in_the_next() -> (
-    None
-):
+def test_the_loop_runs_on_its_callers_thread_and_what_a_call_leaves_out_goes_on_later() -> None:
     loop = RawLoop("test-loop")
 
     async def thread_of_the_call() -> int:
