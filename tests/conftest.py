@@ -3,9 +3,11 @@
 Clusters A, B and C are plain; D and E are secured (SASL_PLAINTEXT,
 SCRAM-SHA-512, StandardAuthorizer); G is plain with short KIP-848 group sessions
 (`SHORT_CONSUMER_SESSIONS`). All run Kafka's default broker settings otherwise. A
-cluster starts the first time a test asks for it; clusters the session started are
-stopped at its end, pass or fail,
-while clusters that were already running (e.g. `make demo`) are left alone. When a
+cluster starts the first time a test asks for it. A and B, which nearly every module
+uses, stay up until the session's end; any other cluster the session started is stopped
+at the end of the module that asked for it (an idle broker costs about 3% of a core, and
+a module that needs it again starts it again, in about 3 s); clusters that were already
+running (e.g. `make demo`) are left alone. When a
 test failed, the stopped clusters' logs are kept (the path is printed at the end).
 """
 
@@ -91,12 +93,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=rank)  # stable: the order within a module and among the rest is kept
 
 
+# The clusters that stay up for the whole session: nearly every module uses them.
+SESSION_LONG = {"A", "B"}
+
+
 class Clusters:
     """Lazily started local clusters, by alias."""
 
     def __init__(self, kafka: LocalKafka) -> None:
         self.kafka = kafka
         self.started: list[str] = []
+
+    def down(self, aliases: list[str], failed: bool) -> None:
+        """Stop `aliases` (which this session started) and delete their data; after a
+        failed test their brokers' logs are kept."""
+        keep = kept_logs_dir() if failed else None
+        self.kafka.down(aliases, keep_logs_in=keep)
+        self.started = [alias for alias in self.started if alias not in aliases]
+        if keep is not None and keep.exists():
+            KEPT.append(keep)
 
     def __getitem__(self, alias: str) -> LocalCluster:
         if not self.kafka.is_running(alias):
@@ -125,16 +140,30 @@ def kept_logs_dir() -> Path:
 KEPT: list[Path] = []
 
 
+SESSION_CLUSTERS: list[Clusters] = []  # the session's handle, once a test asked for one
+
+
 @pytest.fixture(scope="session")
 def clusters(request: pytest.FixtureRequest) -> Iterator[Clusters]:
     handle = Clusters(LocalKafka(clusters_state_dir()))
+    SESSION_CLUSTERS.append(handle)
     try:
         yield handle
     finally:
-        keep = kept_logs_dir() if request.session.testsfailed else None
-        handle.kafka.down(handle.started, keep_logs_in=keep)
-        if keep is not None and keep.exists():
-            KEPT.append(keep)
+        SESSION_CLUSTERS.remove(handle)
+        handle.down(list(handle.started), failed=bool(request.session.testsfailed))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_clusters_down(request: pytest.FixtureRequest) -> Iterator[None]:
+    """At a module's end, the clusters it started beyond A and B go down. Set up before
+    the module's own fixtures, so it runs after their teardown (the module's daemons have
+    stopped)."""
+    yield
+    for handle in SESSION_CLUSTERS:
+        extra = [alias for alias in handle.started if alias not in SESSION_LONG]
+        if extra:
+            handle.down(extra, failed=bool(request.session.testsfailed))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -155,10 +184,10 @@ class Registries:
         return self.registries.up([alias])[0]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def registries() -> Iterator[Registries]:
     """Schema registries beside the clusters, started through `mm2py local`'s tooling;
-    those the session started are stopped at its end."""
+    those the module started are stopped at its end (one module uses them)."""
     handle = Registries(LocalRegistries(clusters_state_dir()))
     try:
         yield handle
