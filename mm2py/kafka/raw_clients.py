@@ -43,6 +43,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
+from io import BytesIO
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -50,12 +51,13 @@ from aiokafka import errors as aiokafka_errors
 from aiokafka.client import AIOKafkaClient
 from aiokafka.conn import create_conn
 from aiokafka.helpers import create_ssl_context
-from aiokafka.protocol.fetch import FetchRequest
-from aiokafka.protocol.produce import ProduceRequest
+from aiokafka.protocol.fetch import FetchRequest, FetchRequest_v11
+from aiokafka.protocol.produce import ProduceRequest, ProduceRequest_v7
 from aiokafka.protocol.transaction import InitProducerIdRequest
 from aiokafka.structs import TopicPartition
 
 from mm2py.config.copy_mode import raw_connection_problem
+from mm2py.kafka import wire
 from mm2py.kafka.clients import refused_access
 from mm2py.kafka.record_batches import (
     AbortedTransaction,
@@ -539,9 +541,39 @@ class BrokerFetchSession:
         self.epoch = INITIAL_EPOCH
 
 
+class _WireAnswer:
+    """An answer type for aiokafka's connection, which calls `decode` on the buffer past
+    the response header: one of `wire`'s decoders, reading the buffer in place."""
+
+    def __init__(self, decode: Callable[[memoryview], Any]) -> None:
+        self._decode = decode
+
+    def decode(self, buffer: BytesIO) -> Any:
+        return self._decode(buffer.getbuffer()[buffer.tell() :])
+
+
+class _Encoded:
+    """A request struct whose body `wire` encoded: aiokafka's connection sends
+    `encode()` after the header it builds from the class's API key and version."""
+
+    def __init__(self, body: bytes) -> None:  # not Struct's: no fields to keep
+        self.body = body
+
+    def encode(self) -> bytes:
+        return self.body
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self.body)} bytes)"
+
+
+class _EncodedFetch(_Encoded, FetchRequest_v11):  # type: ignore[misc]  # aiokafka is untyped
+    RESPONSE_TYPE = _WireAnswer(wire.decode_fetch_answer)
+
+
 class _SessionFetchRequest(FetchRequest):  # type: ignore[misc]  # aiokafka is untyped
     """aiokafka's FetchRequest with a `FetchPlan`'s session id, epoch and forgotten
-    partitions (aiokafka's own builder always sends session 0, epoch -1)."""
+    partitions (aiokafka's own builder always sends session 0, epoch -1); at v11,
+    encoded by `wire`."""
 
     def __init__(self, plan: FetchPlan, *, partition_max_bytes: int, **kwargs: Any) -> None:
         by_topic: dict[str, list[tuple[int, int, int]]] = {}
@@ -556,6 +588,19 @@ class _SessionFetchRequest(FetchRequest):  # type: ignore[misc]  # aiokafka is u
         forgotten: dict[str, list[int]] = {}
         for topic, partition in self.plan.forget:
             forgotten.setdefault(topic, []).append(partition)
+        if request_struct_class.API_VERSION == _EncodedFetch.API_VERSION:
+            return _EncodedFetch(
+                wire.encode_fetch(
+                    max_wait_ms=self._max_wait_ms,
+                    min_bytes=self._min_bytes,
+                    max_bytes=self._max_bytes,
+                    isolation_level=self._isolation_level,
+                    session_id=self.plan.session_id,
+                    session_epoch=self.plan.epoch,
+                    topics=self.topics,
+                    forgotten=list(forgotten.items()),
+                )
+            )
         return request_struct_class(
             -1,  # replica_id: a consumer
             self._max_wait_ms,
@@ -1080,7 +1125,7 @@ class IdempotentProduceSession(_Session):
             by_topic.setdefault(topic, []).append(
                 (partition, pending[(topic, partition)].payloads[index])
             )
-        request = ProduceRequest(
+        request = _Produce(
             transactional_id=self.transactional_id,
             required_acks=ACKS_ALL,
             timeout=self.request_timeout_ms,
@@ -1113,6 +1158,24 @@ class IdempotentProduceSession(_Session):
                         else failed
                     )
         return out
+
+
+class _EncodedProduce(_Encoded, ProduceRequest_v7):  # type: ignore[misc]  # aiokafka is untyped
+    RESPONSE_TYPE = _WireAnswer(wire.decode_produce_answer)
+
+
+class _Produce(ProduceRequest):  # type: ignore[misc]  # aiokafka is untyped
+    """aiokafka's ProduceRequest, at v7 (its highest; Kafka 2.1 and newer) encoded by
+    `wire`."""
+
+    def build(self, request_struct_class: Any) -> Any:
+        if request_struct_class.API_VERSION != _EncodedProduce.API_VERSION:
+            return super().build(request_struct_class)
+        return _EncodedProduce(
+            wire.encode_produce(
+                self._transactional_id, self._required_acks, self._timeout, self._topics
+            )
+        )
 
 
 def _requests(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import Callable, Coroutine
+from io import BytesIO
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
@@ -180,7 +181,8 @@ class SessionBroker:
         return done
 
     async def send(self, node: int, request: Any) -> Any:
-        sent = request.prepare({1: (0, 11)})
+        # what a broker reads: the bytes sent, decoded by aiokafka's own v11 struct
+        sent = FetchRequest_v11.decode(BytesIO(request.prepare({1: (0, 11)}).encode()))
         self.fetches.append((node, sent))
         named = {(t, p): at for t, ps in sent.topics for p, _epoch, at, _start, _max in ps}
         sessions = self.sessions.setdefault(node, {})
