@@ -102,8 +102,8 @@ def encode_fetch(
 
 
 class _Reader:
-    """Reads a body front to back, without copying it; a body cut short raises
-    ValueError (struct.error for a number)."""
+    """Reads a body front to back in place (a string's or bytes field's bytes are copied
+    out, nothing else); a body cut short raises ValueError (struct.error for a number)."""
 
     def __init__(self, data: bytes | memoryview) -> None:
         self.data = memoryview(data)
