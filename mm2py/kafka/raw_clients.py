@@ -588,34 +588,18 @@ class _SessionFetchRequest(FetchRequest):  # type: ignore[misc]  # aiokafka is u
         forgotten: dict[str, list[int]] = {}
         for topic, partition in self.plan.forget:
             forgotten.setdefault(topic, []).append(partition)
-        if request_struct_class.API_VERSION == _EncodedFetch.API_VERSION:
-            return _EncodedFetch(
-                wire.encode_fetch(
-                    max_wait_ms=self._max_wait_ms,
-                    min_bytes=self._min_bytes,
-                    max_bytes=self._max_bytes,
-                    isolation_level=self._isolation_level,
-                    session_id=self.plan.session_id,
-                    session_epoch=self.plan.epoch,
-                    topics=self.topics,
-                    forgotten=list(forgotten.items()),
-                )
+        # aiokafka's highest Fetch is v11 (MIN_FETCH_VERSION): what it picks from here on
+        return _EncodedFetch(
+            wire.encode_fetch(
+                max_wait_ms=self._max_wait_ms,
+                min_bytes=self._min_bytes,
+                max_bytes=self._max_bytes,
+                isolation_level=self._isolation_level,
+                session_id=self.plan.session_id,
+                session_epoch=self.plan.epoch,
+                topics=self.topics,
+                forgotten=list(forgotten.items()),
             )
-        return request_struct_class(
-            -1,  # replica_id: a consumer
-            self._max_wait_ms,
-            self._min_bytes,
-            self._max_bytes,
-            self._isolation_level,
-            self.plan.session_id,
-            self.plan.epoch,
-            [
-                # current_leader_epoch and log_start_offset unknown (-1), as a consumer's
-                (topic, [(p, -1, position, -1, limit) for p, position, limit in partitions])
-                for topic, partitions in self.topics
-            ],
-            list(forgotten.items()),
-            "",  # rack_id
         )
 
 
