@@ -120,6 +120,10 @@ class ProgressStore:
         )
         self.partitions = await_partitions(self._admin, target_alias, self.topic)
         self._producer: Any = None  # made on the first `submit`
+        # Each key written, by connector and source partition, with the partition of the
+        # topic it goes to: a flow writes the same keys again and again, and
+        # `partition_for_key` is murmur2 in Python.
+        self._placed: dict[tuple[str, SourcePartition], tuple[int, bytes]] = {}
 
     @classmethod
     def of_flow(cls, flow: FlowConfig, target_props: Mapping[str, str]) -> ProgressStore:
@@ -200,16 +204,27 @@ class ProgressStore:
         runs for each one the target acknowledged (served by `poll()` or `flush()`)."""
         producer = self._own_producer()
         for where, end in ends.items():
-            topic, partition = where
-            key = SourceProgressKey(SOURCE_ENDS_NAME, self.source_alias, topic, partition).encode()
+            partition, key = self._place(SOURCE_ENDS_NAME, where)
             producer.produce(
                 self.topic,
                 key=key,
                 value=encode_source_end(end, seen_at_ms),
-                partition=partition_for_key(key, self.partitions),
+                partition=partition,
                 on_delivery=self._on_delivery(where, end, on_written),
             )
         producer.poll(0)
+
+    def _place(self, connector: str, where: SourcePartition) -> tuple[int, bytes]:
+        """The key of `connector`'s record for `where`, and the partition it goes to (as
+        Connect's producer would put the key)."""
+        placed = self._placed.get((connector, where))
+        if placed is None:
+            key = SourceProgressKey(connector, self.source_alias, *where).encode()
+            placed = self._placed[(connector, where)] = (
+                partition_for_key(key, self.partitions),
+                key,
+            )
+        return placed
 
     def _own_producer(self) -> Any:
         if self._producer is None:
@@ -241,9 +256,8 @@ class ProgressStore:
         """The progress record saying `offset` of `where` was the last copied: the
         partition of the topic it goes to (as Connect's producer would put its key), its
         key and value."""
-        topic, partition = where
-        key = SourceProgressKey(SOURCE_CONNECTOR_NAME, self.source_alias, topic, partition).encode()
-        return partition_for_key(key, self.partitions), key, encode_progress_value(offset)
+        partition, key = self._place(SOURCE_CONNECTOR_NAME, where)
+        return partition, key, encode_progress_value(offset)
 
     def _send(
         self,
