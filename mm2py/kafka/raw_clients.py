@@ -339,6 +339,9 @@ class _Session:
         # lookup costs ~1.1 us a partition, 2 ms for 2,000 at each of an idle copier's
         # two prefetches a round (1% of a core at fetch.wait.max.ms 500)
         self._leader_of: dict[TP, int] = {}
+        # `grouped`'s last answer, for the partitions it was for: an idle copier asks
+        # the same partitions at each of its two prefetches a round
+        self._grouped: tuple[set[TP], dict[int, list[TP]]] | None = None
 
     def _aiokafka_client(self) -> Any:
         return AIOKafkaClient(
@@ -408,6 +411,18 @@ class _Session:
 
     def _forget_leaders(self, _cluster: Any) -> None:
         self._leader_of.clear()
+        self._grouped = None
+
+    def grouped(self, asked: Mapping[TP, Any]) -> tuple[dict[int, list[TP]], list[TP]]:
+        """`leaders` of the partitions of `asked`; the same answer, not worked out again,
+        until the partitions asked or their leaders (a metadata update) change. The lists
+        answered are not to be changed."""
+        last = self._grouped
+        if last is not None and last[0] == asked.keys():
+            return last[1], []
+        by_leader, unknown = self.leaders(list(asked))
+        self._grouped = None if unknown else (set(asked), by_leader)
+        return by_leader, unknown
 
     def leaders(self, tps: Sequence[TP]) -> tuple[dict[int, list[TP]], list[TP]]:
         """The partitions by leader node, and those whose leader is not known (for which
@@ -717,7 +732,7 @@ class FetchSession(_Session):
 
     async def prefetch(self, positions: Mapping[TP, int]) -> None:
         """Send a Fetch to every leader of `positions` that has none out."""
-        by_leader, unknown = self.leaders(list(positions))
+        by_leader, unknown = self.grouped(positions)
         now = time.monotonic()
         for tp in unknown:
             self._failing_since.setdefault(tp, now)

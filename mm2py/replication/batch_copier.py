@@ -162,6 +162,8 @@ class BatchCopier:
         if (transactions is not None) != self._transactional:
             raise ValueError("exactly-once needs transactional raw clients, and only it")
         self._partitions: dict[SourcePartition, _Partition] = {}
+        # Those of `_partitions` not stopped, kept until one is assigned, let go or stopped.
+        self._copying: dict[SourcePartition, _Partition] | None = None
         self.paused = False
         # Batches by reason (mm2py_batches_total), counted since the flow's first copier.
         if stats.batches is None:
@@ -200,6 +202,7 @@ class BatchCopier:
             # assigned again without being let go: on from its progress (an answer to the
             # old position that is still out is not used)
             self._partitions[where] = _Partition(state, position)
+            self._copying = None
             started.append(TopicPartition(p.topic, p.partition, position))
         if started:
             self.raw.open()
@@ -218,6 +221,7 @@ class BatchCopier:
             part = self._partitions.pop(where, None)
             if part is None:
                 continue
+            self._copying = None
             part.state.gone = True
             part.state.stats.lag = 0
             topics.add(where[0])
@@ -240,7 +244,10 @@ class BatchCopier:
     def copy_batch(self, give_up: Callable[[], bool]) -> bool:
         """One fetch round over every assigned partition, and what it brought copied and
         proven. Raises when the part must restart."""
-        parts = {k: p for k, p in self._partitions.items() if p.state.failure is None}
+        parts = self._copying
+        if parts is None:
+            parts = {k: p for k, p in self._partitions.items() if p.state.failure is None}
+            self._copying = parts
         if self.paused:
             # Nothing is read while paused: answers to fetches sent before are dropped.
             self.raw.discard_fetches()
@@ -267,13 +274,15 @@ class BatchCopier:
     def _copy_round(
         self, parts: dict[SourcePartition, _Partition], give_up: Callable[[], bool]
     ) -> None:
-        fetched = self.raw.fetch({k: p.position for k, p in parts.items()})
+        positions = {k: p.position for k, p in parts.items()}
+        fetched = self.raw.fetch(positions)
         wall = time.time()
         rounds: dict[SourcePartition, _Round] = {}
         for where, result in fetched.items():
             part = parts[where]
             if isinstance(result, OffsetOutOfRange):
                 self._restart_at_log_start(part)
+                positions[where] = part.position
                 continue
             items = classify(split_batches(result.records).batches, part.position, result.aborted)
             for item in items:
@@ -284,7 +293,7 @@ class BatchCopier:
         # acknowledged.
         ahead = None
         if not give_up():
-            ahead = {k: rounds[k].end if k in rounds else p.position for k, p in parts.items()}
+            ahead = positions | {k: r.end for k, r in rounds.items()}
         if any(r.items for r in rounds.values()):
             self.committer.records_read()  # exactly-once: a transaction is open
         self._pass_rounds([r for r in rounds.values() if r.passes_only], wall, ahead)
@@ -365,6 +374,7 @@ class BatchCopier:
         """Stop a partition whose batch or record the target rejected, as the record
         copier does: the others go on; restarting the flow copies it again."""
         state.failure = f"{failure}; the partition is stopped: fix the cause and restart the flow"
+        self._copying = None
         log.error(
             "flow %s: %s",
             self.flow_name,
