@@ -28,7 +28,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
 from mm2py import logs
@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 # second (mm2py.parts.source). Each report looks at every partition's statistics: at
 # 0.5 s an idle task of 2,000 partitions spent 0.6% of a core on it.
 REPORT_INTERVAL = 1.0
+# How often the node's thread for a task looks whether it should stop, when neither a
+# report nor the process's end woke it (`TaskPart.stop` sends the stop itself).
+WATCH_INTERVAL = 1.0
 START_TIMEOUT = 60.0  # spawning an interpreter and importing mm2py, on a busy machine
 _PR_SET_PDEATHSIG = 1
 
@@ -93,6 +96,7 @@ class TaskPart(FlowPart):
         self.pid: int | None = None
         self._conn: Connection | None = None
         self._conn_lock = threading.Lock()
+        self._stop_sent = False  # to the current process (under the lock)
 
     def failed_partitions(self) -> dict[str, str]:
         report = self.report
@@ -139,6 +143,18 @@ class TaskPart(FlowPart):
                 with contextlib.suppress(OSError, ValueError):
                     self._conn.send((command, arg))
 
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        self.stopping.set()
+        self._send_stop()  # now: the run's thread may be waiting for up to WATCH_INTERVAL
+        super().stop(timeout)
+
+    def _send_stop(self) -> None:
+        with self._conn_lock:
+            if self._conn is not None and not self._stop_sent:
+                self._stop_sent = True
+                with contextlib.suppress(OSError, ValueError):
+                    self._conn.send(("stop", None))
+
     def run(self) -> None:
         """Run the task's process until it ends or the part is stopped."""
         process, parent_end = SPARES.take()
@@ -146,17 +162,17 @@ class TaskPart(FlowPart):
         parent_end.send((self.flow, self.source, self.target, self.slot, level, fmt))
         self.pid = process.pid
         with self._conn_lock:
-            self._conn = parent_end
+            self._conn, self._stop_sent = parent_end, False
         if self.paused:
             self._send("pause", True)
-        stop_sent = False
         ended = False
         try:
             while not ended:
-                if self.stopping.is_set() and not stop_sent:
-                    self._send("stop", None)
-                    stop_sent = True
-                if parent_end.poll(0.1):
+                if self.stopping.is_set():  # set before the process was connected
+                    self._send_stop()
+                # the process's end (sentinel) with its pipe drained: a last report first
+                wait([parent_end, process.sentinel], WATCH_INTERVAL)
+                if parent_end.poll():
                     try:
                         self._take(parent_end.recv())
                     except EOFError:
