@@ -162,7 +162,8 @@ class BatchCopier:
         if (transactions is not None) != self._transactional:
             raise ValueError("exactly-once needs transactional raw clients, and only it")
         self._partitions: dict[SourcePartition, _Partition] = {}
-        # Those of `_partitions` not stopped, kept until one is assigned, let go or stopped.
+        # Those of `_partitions` not stopped, kept until one is assigned, let go or stopped
+        # (or all are let go at `finish`).
         self._copying: dict[SourcePartition, _Partition] | None = None
         self.paused = False
         # Batches by reason (mm2py_batches_total), counted since the flow's first copier.
@@ -641,6 +642,7 @@ class BatchCopier:
             self.committer.finish(deadline)
         finally:
             self._partitions.clear()
+            self._copying = None
             self.raw.close()
 
     @property

@@ -484,3 +484,17 @@ def test_leaders_are_looked_up_again_only_after_a_metadata_update() -> None:
 
     assert run(broker, steps) == [2, 2, 2, 4]
     assert broker.sent(1)[-1][2] == {("t", 1): 0}  # moved: new to node 1's session
+
+
+def test_partitions_asked_anew_or_no_more_are_grouped_again_without_a_metadata_update() -> None:
+    leaders = {("t", 0): 1, ("t", 1): 2, ("u", 0): 2}
+    broker = SessionBroker(leaders, dict.fromkeys(leaders, 0))
+
+    async def steps(session: FetchSession) -> None:
+        await fetch_all(session, {("t", 0): 0, ("t", 1): 0})
+        await fetch_all(session, {("t", 0): 0, ("t", 1): 0, ("u", 0): 0})  # asked anew
+        await fetch_all(session, {("t", 0): 0})  # node 2 leads none of these
+
+    run(broker, steps)
+    assert [named for _, _, named, _ in broker.sent(1)] == [{("t", 0): 0}, {}, {}]
+    assert [named for _, _, named, _ in broker.sent(2)] == [{("t", 1): 0}, {("u", 0): 0}]
