@@ -25,6 +25,8 @@ T = TypeVar("T")
 # Kafka's default retention (7 days) and check it 30 s after they start and every 5 min
 # after; records stamped years ago were deleted under the tests that copy them.
 RECENT_MS = (int(time.time()) - 3600) * 1000
+# The oldest record timestamp `produce` accepts: a day inside the default retention.
+_RETAINED_MS = 6 * 24 * 3600 * 1000
 
 
 def wait_until(
@@ -167,6 +169,12 @@ def produce(
         if len(rec) > 3:
             kwargs["headers"] = list(rec[3])  # type: ignore[misc]
             kwargs["timestamp"] = rec[4]  # type: ignore[misc]
+            if kwargs["timestamp"] < time.time() * 1000 - _RETAINED_MS:
+                raise ValueError(
+                    f"record timestamp {kwargs['timestamp']} for {topic}[{rec[0]}] is older than "
+                    "the brokers' default 7-day retention, which deletes it under the test: "
+                    "use RECENT_MS + n"
+                )
         while True:
             try:
                 producer.produce(topic, on_delivery=on_delivery, **kwargs)

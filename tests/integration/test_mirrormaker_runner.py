@@ -20,7 +20,15 @@ from mm2py.compat.formats import (
 )
 from mm2py.dev.launcher import LocalCluster
 from mm2py.dev.mirrormaker import RealMirrorMaker, mm2_properties, replicating_pattern
-from tests.kafka_helpers import Rec, create_topic, end_offsets, produce, read_all, wait_until
+from tests.kafka_helpers import (
+    RECENT_MS,
+    Rec,
+    create_topic,
+    end_offsets,
+    produce,
+    read_all,
+    wait_until,
+)
 
 PARTITIONS = 2
 PER_PARTITION = 100
@@ -77,7 +85,7 @@ def test_real_mm2_replicates_and_commits_progress(
         cluster_a,
         topic,
         [
-            (p, f"k{p}-{i}".encode(), f"v{p}-{i}".encode(), [("h", f"{i}".encode())], 1_700_000 + i)
+            (p, f"k{p}-{i}".encode(), f"v{p}-{i}".encode(), [("h", f"{i}".encode())], RECENT_MS + i)
             for p in range(PARTITIONS)
             for i in range(PER_PARTITION)
         ],

@@ -66,7 +66,7 @@ def test_verify_proves_equal_copies_and_catches_a_corrupted_target(
     ]
     produce(cluster_a, unique, records)
     _transactions(cluster_a, unique, unique)
-    produce(cluster_a, unique, [(0, b"after", b"tx", [], 1_700_000_001_000)])
+    produce(cluster_a, unique, [(0, b"after", b"tx", [], RECENT_MS + 1_000)])
     config = tmp_path / "mm2.properties"
     config.write_text(mm2_properties(cluster_a, cluster_b, unique))
     with running_daemon(config):
@@ -103,8 +103,8 @@ def test_verify_proves_equal_copies_and_catches_a_corrupted_target(
         assert (p1["source_records"], p1["target_records"], p1["compared"]) == (60, 60, 60)
 
         # A record produced by hand into the remote topic, then more copied after it.
-        produce(cluster_b, remote, [(1, b"forged", b"not from A", [], 1_700_000_002_000)])
-        produce(cluster_a, unique, [(1, b"late", b"v", [], 1_700_000_003_000)])
+        produce(cluster_b, remote, [(1, b"forged", b"not from A", [], RECENT_MS + 2_000)])
+        produce(cluster_a, unique, [(1, b"late", b"v", [], RECENT_MS + 3_000)])
         wait_until(lambda: end_offsets(cluster_b, remote)[1] == 102, what="the late record copied")
         bad = _verify(config, "--topics", f"A\\.{unique}", "--json")  # the remote name works too
     assert bad.returncode == 1, bad.stdout + bad.stderr
