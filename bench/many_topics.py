@@ -55,12 +55,12 @@ twice the CPU of the consumer's offsets_for_times used here.
 At the end the daemon is stopped with SIGTERM and the source topics and their remote
 topics are deleted, so reruns are independent (its progress in mm2-offsets.A.internal
 stays behind, under topic names no later run uses). The clusters are the local A and B
-(`mm2py local up`), started if they do not run and left running; they are shared with
-other work, so the load average before and after each run is in its line, and
-``clusters_restarted`` names a cluster whose broker process changed during the run
-(another user's tests stopped and started it: the run's figures are then void). Prints one
-JSON line per run on stdout; progress goes to stderr. Daemon logs and configs are kept
-under ``<cache>/bench-logs/many-topics-<time>/``.
+(`mm2py local up`): started fresh and stopped at the end, or, when their ports are
+taken, the running ones, left running and shared with other work, so the load average
+before and after each run is in its line, and ``clusters_restarted`` names a cluster
+whose broker process changed during the run (another user's tests stopped and started
+it: the run's figures are then void). Prints one JSON line per run on stdout; progress
+goes to stderr. Daemon logs and configs are kept under ``<cache>/bench-logs/many-topics-<time>/``.
 """
 
 from __future__ import annotations
@@ -88,9 +88,10 @@ from confluent_kafka.cimpl import NewTopic
 
 import mm2py
 from bench.processes import ProcessCpu
+from bench.replication import bench_clusters
 from bench.replicators import ReplicatorError, Running, check_alive, free_port, running_command
 from bench.report import emit, load_averages, logs_dir
-from bench.topics import delete_topics, local_clusters
+from bench.topics import delete_topics
 from mm2py.dev.launcher import LocalCluster, LocalKafka
 from mm2py.dev.mirrormaker import mm2_properties, render_properties
 from mm2py.kafka import clients
@@ -439,27 +440,33 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = logs_dir() / f"many-topics-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
     log.info("logs and configs of this run: %s; mm2py from %s", run_dir, mm2py.__file__)
-    clusters = local_clusters(["A", "B"])
+    # Fresh clusters, stopped at the end, unless A's and B's ports are taken: then the
+    # running ones, left running.
+    clusters, started = bench_clusters()
     failures = 0
-    for _ in range(args.runs):
-        try:
-            emit(
-                one_run(
-                    clusters,
-                    args.topics,
-                    args.partitions,
-                    args.records,
-                    args.timeout,
-                    run_dir,
-                    args.idle_seconds,
-                    args.intervals,
+    try:
+        for _ in range(args.runs):
+            try:
+                emit(
+                    one_run(
+                        clusters,
+                        args.topics,
+                        args.partitions,
+                        args.records,
+                        args.timeout,
+                        run_dir,
+                        args.idle_seconds,
+                        args.intervals,
+                    )
                 )
-            )
-        except (ReplicatorError, KafkaException) as e:
-            # On shared clusters another user's test may restart one mid-run.
-            failures += 1
-            log.error("run failed: %s", e)
-            emit({"system": "mm2py", "error": str(e), "load": load_averages()})
+            except (ReplicatorError, KafkaException) as e:
+                # On shared clusters another user's test may restart one mid-run.
+                failures += 1
+                log.error("run failed: %s", e)
+                emit({"system": "mm2py", "error": str(e), "load": load_averages()})
+    finally:
+        if started is not None:
+            started.down(["A", "B"])
     return 1 if failures else 0
 
 
