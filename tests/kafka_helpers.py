@@ -167,14 +167,15 @@ def produce(
     for rec in records:
         kwargs: dict[str, Any] = {"partition": rec[0], "key": rec[1], "value": rec[2]}
         if len(rec) > 3:
-            kwargs["headers"] = list(rec[3])  # type: ignore[misc]
-            kwargs["timestamp"] = rec[4]  # type: ignore[misc]
-            if kwargs["timestamp"] < time.time() * 1000 - _RETAINED_MS:
+            stamp: int = rec[4]  # type: ignore[misc]
+            if stamp < time.time() * 1000 - _RETAINED_MS:
                 raise ValueError(
-                    f"record timestamp {kwargs['timestamp']} for {topic}[{rec[0]}] is older than "
-                    "the brokers' default 7-day retention, which deletes it under the test: "
+                    f"record timestamp {stamp} for {topic}[{rec[0]}] is older than the "
+                    "brokers' default 7-day retention, which deletes it under the test: "
                     "use RECENT_MS + n"
                 )
+            kwargs["headers"] = list(rec[3])  # type: ignore[misc]
+            kwargs["timestamp"] = stamp
         while True:
             try:
                 producer.produce(topic, on_delivery=on_delivery, **kwargs)
