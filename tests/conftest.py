@@ -39,10 +39,11 @@ SHORT_CONSUMER_SESSIONS = {
 TUNED = {"G": SHORT_CONSUMER_SESSIONS}
 
 
-# Under pytest-xdist (`make test` runs two workers), each worker has clusters of its own:
+# Under pytest-xdist (`make test` runs three), each worker has clusters of its own:
 # worker N's ports moved up by (N + 1) x WORKER_PORT_STEP, clear of clusters already
 # running on the default ports (`make demo`'s), and a state folder of its own.
 WORKER_PORT_STEP = 100
+SESSION_OFFSET_VARIABLE = "MM2PY_TEST_SESSION_PORT_OFFSET"
 
 # The tests' JVMs (brokers, MM2, Connect, registries, Spark's daemons) compile with the
 # JIT's first tier only. The suite was bound by the CPU, and a broker's second-tier
@@ -55,30 +56,59 @@ TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault(JVM_OPTIONS_VARIABLE, TEST_JVM_OPTIONS)
+    # The session's own port offset, before a worker's is added: what the session keeps
+    # on this machine between runs (the Docker test's engine and its cached base image)
+    # is the session's, whichever worker runs the module that uses it.
+    os.environ.setdefault(SESSION_OFFSET_VARIABLE, os.environ.get(PORT_OFFSET_VARIABLE, "0"))
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...; unset without xdist
-    if not worker:
-        return
-    number = int(worker.removeprefix("gw"))
-    base = int(os.environ.get(PORT_OFFSET_VARIABLE, "0"))
-    os.environ[PORT_OFFSET_VARIABLE] = str(base + (number + 1) * WORKER_PORT_STEP)
-    os.environ["MM2PY_TEST_CLUSTERS"] = f"{clusters_state_dir()}-{worker}"
+    if worker:
+        number = int(worker.removeprefix("gw"))
+        base = int(os.environ.get(PORT_OFFSET_VARIABLE, "0"))
+        os.environ[PORT_OFFSET_VARIABLE] = str(base + (number + 1) * WORKER_PORT_STEP)
+        os.environ["MM2PY_TEST_CLUSTERS"] = f"{clusters_state_dir()}-{worker}"
+    if "SPARK_CONF_DIR" not in os.environ:
+        os.environ["SPARK_CONF_DIR"] = str(spark_defaults(clusters_state_dir() / "spark-conf"))
 
 
-# The modules that take minutes (`--durations` of the fresh-clone runs, 2026-11-28),
-# longest first. Under xdist every worker orders its collection so, and `make test`'s
-# `--no-loadscope-reorder` has the scheduler hand modules out in that order (by default
-# it hands out the modules with the most tests first): the long ones start first, and
-# no worker is left running one of them at the end while the other idles.
+def spark_defaults(folder: Path) -> Path:
+    """A Spark configuration folder whose spark-defaults.conf gives the Spark applications
+    the tests start the tests' JVM options, as the brokers and Spark's master and workers
+    have them: `mm2py backfill`'s driver JVM, local[*] or submitted (and executors, through
+    `spark.executor.defaultJavaOptions`). The `defaultJavaOptions` come before the
+    application's own extraJavaOptions (its log4j file), which they leave alone. A local[*]
+    backfill of two tests used 17.6 CPU-s of the machine with the first JIT tier only
+    against 24.2 without (2026-12-04, `/proc/stat`, two runs each)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    options = os.environ[JVM_OPTIONS_VARIABLE]
+    (folder / "spark-defaults.conf").write_text(
+        f"spark.driver.defaultJavaOptions {options}\nspark.executor.defaultJavaOptions {options}\n"
+    )
+    return folder
+
+
+# The modules that take minutes (`--durations=0` of a fresh-clone run with three workers,
+# 2026-12-04), longest first. Under xdist every worker orders its collection so, and `make
+# test`'s `--no-loadscope-reorder` has the scheduler hand modules out in that order (by
+# default it hands out the modules with the most tests first): the long ones start first,
+# and no worker is left running one of them at the end while the others idle. The Docker
+# test goes before modules it usually outlasts: a machine's first run builds its base
+# image (3 min).
 LONGEST_MODULES = (
     "test_faults.py",
-    "test_backfill_cluster.py",
-    "test_failover_command.py",
     "test_mm2_handover.py",
     "test_exactly_once.py",
-    "test_backfill.py",
     "test_cluster.py",
-    "test_api.py",
+    "test_failover_command.py",
+    "test_backfill.py",
+    "test_backfill_cluster.py",
     "test_docker.py",
+    "test_checkpoints.py",
+    "test_failover.py",
+    "test_source.py",
+    "test_api.py",
+    "test_secured.py",
+    "test_schema_registry.py",
+    "test_batch_copy.py",
 )
 
 

@@ -39,6 +39,7 @@ from typing import Any
 import pytest
 
 from mm2py.dev.launcher import LocalCluster
+from tests.conftest import SESSION_OFFSET_VARIABLE
 from tests.daemon_harness import free_port, mm2_properties
 from tests.kafka_helpers import RECENT_MS, create_topic, produce, read_all, wait_until
 
@@ -164,8 +165,10 @@ def _unmount_under(folder: Path) -> None:
 
 def default_data_root() -> str:
     """Where a started engine keeps its images (the cached base). One engine per folder:
-    a test run with its own port offset (MM2PY_LOCAL_PORT_OFFSET) gets its own."""
-    offset = os.environ.get("MM2PY_LOCAL_PORT_OFFSET", "").strip()
+    a test session with its own port offset (MM2PY_LOCAL_PORT_OFFSET) gets its own; the
+    workers of one session share it (one module uses it), so the base image a machine
+    built once is found whichever worker runs this module."""
+    offset = os.environ.get(SESSION_OFFSET_VARIABLE, "").strip()
     return "/var/cache/mm2py-test-docker" + (f"-{offset}" if offset not in ("", "0") else "")
 
 
