@@ -333,6 +333,7 @@ class LiveProducer:
     (committed) or `aborted:<partition>:<i>` (aborted) too. `stop()` returns once every
     record is acknowledged and asserts that none failed; `committed` counts the records a
     read_committed reader will see (plain ones once acknowledged), `aborted` the others.
+    `acknowledged(topic)` gives the offset the broker acknowledged for each plain record.
     Leaving its `with` block stops it (and asserts, unless the block raised).
     """
 
@@ -351,6 +352,8 @@ class LiveProducer:
         self.errors: list[str] = []
         self._transactional = 0  # records written in transactions, for their values
         self._sent = {topic: [0] * partitions for topic, partitions in topics.items()}
+        # (topic, partition) -> {n: offset} of the plain records acknowledged.
+        self._acked: dict[tuple[str, int], dict[int, int]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread()  # started by start()
@@ -365,15 +368,23 @@ class LiveProducer:
         with self._lock:
             return list(self._sent[topic])
 
+    def acknowledged(self, topic: str) -> dict[int, dict[int, int]]:
+        """The offset acknowledged for each plain record sent, by partition and n."""
+        with self._lock:
+            return {p: dict(self._acked.get((topic, p), {})) for p in range(len(self._sent[topic]))}
+
     def wait_committed(self, count: int) -> None:
         """Wait until `count` records are committed (or the producer failed)."""
         wait_until(lambda: self.committed >= count or self.errors, what=f"{count} produced")
 
-    def _on_delivery(self, err: Any, _msg: Any) -> None:
-        if err is None:
-            self.committed += 1
-        else:
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
             self.errors.append(str(err))
+            return
+        self.committed += 1
+        n = int(msg.value().split(b":")[1])
+        with self._lock:
+            self._acked.setdefault((msg.topic(), msg.partition()), {})[n] = msg.offset()
 
     def _run(self, plain: Any, txn: Any) -> None:
         try:
@@ -465,6 +476,14 @@ class LiveProducer:
             self._thread.join(150)
         assert not self._thread.is_alive(), "the live producer did not stop"
         assert not self.errors, f"the live producer failed: {self.errors[:3]}"
+        with self._lock:
+            unacknowledged = {
+                (topic, p): sent - len(self._acked.get((topic, p), {}))
+                for topic, counts in self._sent.items()
+                for p, sent in enumerate(counts)
+                if sent != len(self._acked.get((topic, p), {}))
+            }
+        assert not unacknowledged, f"records sent but never acknowledged: {unacknowledged}"
 
     def __enter__(self) -> LiveProducer:
         return self.start()

@@ -4,33 +4,71 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tests.faults_scenario import SUITE, Counts, count, plan, sequence_of
+import pytest
+
+from tests.faults_scenario import SUITE, Counts, count, plan, sequence_of, source_faults
 
 
 def test_a_copy_of_every_record_once_in_order_is_exact() -> None:
-    counts = count(4, [0, 1, 2, 3])
+    counts = count(range(4), [0, 1, 2, 3])
     assert counts == Counts(4, 4, 0, 0, 0, 0)
     assert counts.exact
 
 
 def test_a_replay_counts_as_duplicates_not_out_of_order() -> None:
     # Back to record 1 after record 3 (a restart from recorded progress), then on.
-    assert count(5, [0, 1, 2, 3, 1, 2, 3, 4]) == Counts(5, 8, 0, 3, 0, 0)
+    assert count(range(5), [0, 1, 2, 3, 1, 2, 3, 4]) == Counts(5, 8, 0, 3, 0, 0)
 
 
 def test_a_record_first_copied_after_a_later_one_is_out_of_order() -> None:
-    counts = count(4, [0, 2, 1, 3])
+    counts = count(range(4), [0, 2, 1, 3])
     assert counts == Counts(4, 4, 0, 0, 1, 0)
     assert not counts.exact
 
 
 def test_records_never_copied_are_lost() -> None:
-    assert count(5, [0, 1, 4]) == Counts(5, 3, 2, 0, 0, 0)
-    assert count(3, []) == Counts(3, 0, 3, 0, 0, 0)
+    assert count(range(5), [0, 1, 4]) == Counts(5, 3, 2, 0, 0, 0)
+    assert count(range(3), []) == Counts(3, 0, 3, 0, 0, 0)
 
 
 def test_records_of_another_partition_or_never_produced_are_foreign() -> None:
-    assert count(2, [0, None, 1, 2]) == Counts(2, 4, 0, 0, 0, 2)
+    assert count(range(2), [0, None, 1, 2]) == Counts(2, 4, 0, 0, 0, 2)
+
+
+def test_copies_are_counted_against_what_the_source_holds() -> None:
+    # The source lost records 2 and 3 after acknowledging them: copying the rest once
+    # each is exact; a copy of a record the source never held is foreign.
+    assert count([0, 1, 4, 5], [0, 1, 4, 5]).exact
+    assert count([0, 1, 4, 5], [0, 1, 2, 4, 5]) == Counts(4, 5, 0, 0, 0, 1)
+    assert count([0, 1, 4, 5], [0, 4, 5]) == Counts(4, 3, 1, 0, 0, 0)
+
+
+def test_a_record_the_source_holds_twice_needs_two_copies() -> None:
+    # As after an idempotent producer's epoch bump that sent record 2 again.
+    assert count([0, 1, 2, 2, 3], [0, 1, 2, 2, 3]).exact
+    assert count([0, 1, 2, 2, 3], [0, 1, 2, 3]) == Counts(5, 4, 1, 0, 0, 0)
+    assert count([0, 1, 2, 2, 3], [0, 1, 2, 2, 2, 3]) == Counts(5, 6, 0, 1, 0, 0)
+    # A source that holds 3 before 2: copies in the source's order are in order.
+    assert count([0, 1, 3, 2], [0, 1, 3, 2]).exact
+    assert count([0, 1, 3, 2], [0, 1, 2, 3]) == Counts(4, 4, 0, 0, 1, 0)
+
+
+def test_where_the_source_breaks_its_producers_guarantee_is_named() -> None:
+    acknowledged = {n: 100 + n for n in range(10)}
+    assert source_faults(list(range(10)), acknowledged) == []
+    assert source_faults([0, 1, 5, 6, 9], acknowledged) == [
+        "lacks records 2..4 (acknowledged at offsets 102..104)",
+        "lacks records 7..8 (acknowledged at offsets 107..108)",
+    ]
+    assert source_faults([*range(10), 9], acknowledged) == ["holds record 9 2 times"]
+    assert source_faults([0, 2, 1, *range(3, 10)], acknowledged) == [
+        "holds 1 records after later ones, from record 1"
+    ]
+
+
+def test_a_source_that_holds_records_never_acknowledged_is_refused() -> None:
+    with pytest.raises(ValueError, match="holds 1 records never acknowledged, from 12"):
+        source_faults([0, 1, 12], {n: n for n in range(10)})
 
 
 def test_counts_add_up_field_by_field() -> None:
