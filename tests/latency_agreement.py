@@ -32,6 +32,7 @@ tests' shifts of 5.5-12 ms, in buckets 2.5-25 ms wide: tests/unit/test_latency_a
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
 
 from mm2py.replication.stats import LATENCY_BUCKETS
@@ -51,12 +52,11 @@ def quantile_bucket(counts: Sequence[int], q: float) -> tuple[float, float]:
     if total <= 0:
         raise ValueError("an empty histogram has no quantiles")
     rank = max(q * total, 1)  # at least the first observation, as exact_quantile
-    bounds = [*LATENCY_BUCKETS, math.inf]
     running = 0
     for i, count in enumerate(counts):
         running += count
         if running >= rank and count > 0:
-            return (LATENCY_BUCKETS[i - 1] if i > 0 else 0.0), bounds[i]
+            return _bounds(i)
     raise ValueError(f"a histogram of {len(counts)} buckets for {len(LATENCY_BUCKETS)} bounds")
 
 
@@ -81,10 +81,13 @@ def bucket_of(value: float) -> tuple[float, float]:
     """The (lower, upper] bounds of the bucket of LATENCY_BUCKETS that holds `value`
     seconds (the overflow's upper bound infinite): where a quantile interpolated in a
     histogram of these buckets was interpolated."""
-    for i, bound in enumerate(LATENCY_BUCKETS):
-        if value <= bound:
-            return (LATENCY_BUCKETS[i - 1] if i > 0 else 0.0), bound
-    return LATENCY_BUCKETS[-1], math.inf
+    return _bounds(bisect_left(LATENCY_BUCKETS, value))
+
+
+def _bounds(i: int) -> tuple[float, float]:
+    """Bucket i's (lower, upper] bounds: 0 below the first, infinity above the last."""
+    lower = LATENCY_BUCKETS[i - 1] if i > 0 else 0.0
+    return lower, LATENCY_BUCKETS[i] if i < len(LATENCY_BUCKETS) else math.inf
 
 
 def disagreements(counts: Sequence[int], samples: Sequence[float]) -> dict[str, float]:

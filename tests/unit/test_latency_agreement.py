@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import math
 import random
-from bisect import bisect_left
 
 import pytest
 
-from mm2py.replication.stats import LATENCY_BUCKETS
+from mm2py.replication.stats import LATENCY_BUCKETS, Histogram
 from mm2py.runtime.status import quantile
 from tests.latency_agreement import (
     bucket_of,
@@ -23,11 +22,11 @@ MS = 0.001
 
 
 def binned(samples: list[float]) -> list[int]:
-    """Counts per bucket, as the metric counts an observation (le: at or below a bound)."""
-    counts = [0] * (len(LATENCY_BUCKETS) + 1)
+    """Counts per bucket, by the metric's own histogram."""
+    histogram = Histogram()
     for seconds in samples:
-        counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1
-    return counts
+        histogram.observe(seconds)
+    return histogram.counts
 
 
 def test_the_bucket_of_a_quantile_is_where_prometheus_interpolates_it() -> None:
