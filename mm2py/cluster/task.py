@@ -27,6 +27,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -212,32 +213,58 @@ class SpareProcess:
     """One task process started ahead of need, its interpreter up and mm2py imported,
     waiting for the task it will run: a task that moves here after its node died starts
     copying without waiting for an interpreter to start (a second or more on a busy
-    machine). Taking it starts the next one."""
+    machine).
+
+    A spare is kept only while the node may be given more tasks (`wanted`, from `prime`):
+    one that runs every task of its flows (a node alone) is given none, and a spare costs
+    a process with mm2py imported (about half a CPU-second to start). At most one is
+    started at a time, so tasks assigned together take one spare and start the others
+    afresh, rather than each starting a spare of its own."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ready: tuple[BaseProcess, Connection] | None = None
+        self._starting = False
         self._closed = False
+        self._wanted: Callable[[], bool] = lambda: True
 
-    def prime(self) -> None:
-        """Start the first spare (a node with no task yet may be given some any time)."""
-        threading.Thread(target=self._refill, name="spare-task-process", daemon=True).start()
+    def prime(self, wanted: Callable[[], bool]) -> None:
+        """Start the first spare (a node with no task yet may be given some any time);
+        after that, keep one while `wanted()` (it must not block: it is asked under
+        this object's lock)."""
+        self._wanted = wanted
+        self.refill()
 
     def take(self) -> tuple[BaseProcess, Connection]:
         with self._lock:
             ready, self._ready = self._ready, None
         if ready is None or not ready[0].is_alive():
             ready = _start_process()
-        threading.Thread(target=self._refill, name="spare-task-process", daemon=True).start()
+        self.refill()
         return ready
 
-    def _refill(self) -> None:
-        spare = _start_process()
+    def refill(self) -> None:
+        """Start a spare in the background, unless one is ready or starting, the node
+        stops, or it wants none."""
         with self._lock:
-            if self._ready is None and not self._closed:
+            if self._closed or self._ready is not None or self._starting or not self._wanted():
+                return
+            self._starting = True
+        threading.Thread(target=self._refill, name="spare-task-process", daemon=True).start()
+
+    def _refill(self) -> None:
+        try:
+            spare = _start_process()
+        except BaseException:
+            with self._lock:
+                self._starting = False
+            raise
+        with self._lock:
+            self._starting = False
+            if not self._closed:
                 self._ready = spare
                 return
-        spare[1].close()  # another refill got there first, or the node is stopping
+        spare[1].close()  # the node is stopping
 
     def close(self) -> None:
         """No more spares: the waiting one exits (its pipe closes)."""

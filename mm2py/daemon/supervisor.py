@@ -25,7 +25,7 @@ import signal
 import socket
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
@@ -211,7 +211,7 @@ class Daemon:
         )
         probe.start()
         if self.stats:
-            SPARES.prime()
+            SPARES.prime(self._may_be_given_tasks)
         self._start_parts()
         try:
             while not self._stopping.wait(SUPERVISE_INTERVAL):
@@ -301,6 +301,18 @@ class Daemon:
                 s for s in self.parts if not (isinstance(s.part, TaskPart) and s in leaving)
             ]
             _stop_all([s.part for s in leaving])
+        if not self._stopping.is_set():
+            SPARES.refill()  # the tasks are another node's now: they may come back
+
+    def _may_be_given_tasks(self) -> bool:
+        """Whether a task could move to this node: some copying flow has tasks that it does
+        not run (a node that runs them all keeps no spare task process)."""
+        running = Counter(
+            s.part.flow.name for s in list(self.parts) if isinstance(s.part, TaskPart)
+        )
+        return any(
+            running[f.name] < f.settings.tasks_max for f in self.flows if f.name in self.stats
+        )
 
     def _standby(self, sup: Supervised) -> bool:
         """A once-per-flow part whose flow's task 0 runs on another node."""
