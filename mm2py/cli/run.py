@@ -9,9 +9,13 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mm2py.cli.arguments import Subparsers, aliases
 from mm2py.errors import EXIT_OK
+
+if TYPE_CHECKING:
+    from mm2py.config import FlowConfig, MirrorConfig
 
 DEFAULT_LISTEN = "127.0.0.1:8083"
 
@@ -20,8 +24,6 @@ log = logging.getLogger(__name__)
 
 def run(args: argparse.Namespace) -> int:
     from mm2py.config import ConfigError, load_config
-    from mm2py.daemon.supervisor import Daemon
-    from mm2py.replication.exactly_once import settle_exactly_once
 
     config = load_config(args.config)
     for alias in args.clusters or []:
@@ -33,6 +35,21 @@ def run(args: argparse.Namespace) -> int:
     flows = config.enabled_flows(args.clusters)
     if not flows:
         raise ConfigError(args.config, None, "no enabled flow (set A->B.enabled = true)")
+    from mm2py.cluster.task import SPARES
+
+    # The first tasks' process imports the copy path while this one imports the node's
+    # (about a second each on a busy machine): the node's first copies start that sooner.
+    SPARES.prime()
+    try:
+        return _run_node(args, config, flows)
+    finally:
+        SPARES.close()  # on every way out: an exit would wait for the spare otherwise
+
+
+def _run_node(args: argparse.Namespace, config: MirrorConfig, flows: list[FlowConfig]) -> int:
+    from mm2py.daemon.supervisor import Daemon
+    from mm2py.replication.exactly_once import settle_exactly_once
+
     # Whether each target accepts the transactions its flow asks for, before anything runs.
     config = settle_exactly_once(config, flows)
     flows = config.enabled_flows(args.clusters)

@@ -228,11 +228,12 @@ class SpareProcess:
         self._closed = False
         self._wanted: Callable[[], bool] = lambda: True
 
-    def prime(self, wanted: Callable[[], bool]) -> None:
-        """Start the first spare (a node with no task yet may be given some any time);
-        after that, keep one while `wanted()` (it must not block: it is asked under
-        this object's lock)."""
-        self._wanted = wanted
+    def prime(self, wanted: Callable[[], bool] | None = None) -> None:
+        """Start the first spare, unless one is ready or starting (a node with no task yet
+        may be given some any time); with `wanted`, keep one from now on only while
+        `wanted()` (it must not block: it is asked under this object's lock)."""
+        if wanted is not None:
+            self._wanted = wanted
         self.refill()
 
     def take(self) -> tuple[BaseProcess, Connection]:
