@@ -140,6 +140,9 @@ def test_connect_api_answers_as_a_connect_worker_running_mm2(
             )
             worker.create_connector(f"A->B.{kind}", settings)
         with running_daemon(config) as daemon:
+            # Asked right away below: a node answers once it has started its REST API
+            # (asked before, the first call was refused in a fresh clone's run).
+            daemon.wait_serving()
             both = Both(worker, daemon)
             for kind in KINDS:
                 worker.wait_running(f"A->B.{kind}")
