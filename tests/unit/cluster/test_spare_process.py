@@ -55,10 +55,11 @@ def test_a_node_that_may_be_given_tasks_keeps_one_spare_and_a_full_one_none() ->
         assert third is not None
         assert _children() == {taken[0][0].pid, taken[1][0].pid, third[0].pid}
     finally:
-        spares.close()
-        for process, conn in taken:
-            conn.close()  # a spare with no task exits when its pipe closes
-            process.join(10)
+        spares.close()  # waits 2 s for the ready one; on a busy machine its import may take longer
+        for _process, conn in taken:
+            conn.close()  # a spare with no task exits when its pipe closes (after its import)
+        for child in multiprocessing.active_children():
+            child.join(60)
     assert not _children()
 
 
