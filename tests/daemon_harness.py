@@ -1,4 +1,8 @@
-"""Run `mm2py run` as a real subprocess against the local clusters, for integration tests."""
+"""Run `mm2py run` as a real process against the local clusters, for integration tests.
+
+Each node is a process of its own, forked from this worker's preloaded interpreter
+(tests/preloaded.py: the same entry point, without a second of imports per node), or
+started as `python -m mm2py.cli run` when MM2PY_TEST_FRESH_INTERPRETERS=1."""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from typing import Any
 from mm2py.dev import mirrormaker
 from mm2py.dev.launcher import LocalCluster
 from tests.kafka_helpers import wait_until
+from tests.preloaded import FORKER, ForkedProcess, fresh_interpreters
 
 
 def mm2_properties(source: LocalCluster, target: LocalCluster, topics: str, **extra: str) -> str:
@@ -52,7 +57,7 @@ def free_port() -> int:
 
 @dataclass
 class RunningDaemon:
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | ForkedProcess
     log_path: Path
     listen: str
 
@@ -130,8 +135,9 @@ class RunningDaemon:
         """Signal the daemon (with `group`, every process of its process group, as a
         Ctrl-C in its terminal or systemd's stop does); return its exit status and how
         long it took to exit."""
-        if self.proc.poll() is not None:
-            return self.proc.returncode, 0.0
+        ended = self.proc.poll()
+        if ended is not None:
+            return ended, 0.0
         started = time.monotonic()
         if group:
             os.killpg(self.proc.pid, sig)
@@ -148,15 +154,20 @@ def running_daemon(
     """`mm2py [GLOBAL_ARGS] run CONFIG` in the background; killed at the end if still running."""
     listen = f"127.0.0.1:{free_port()}"
     log_path = config_path.with_suffix(f".{listen.rsplit(':', 1)[1]}.log")
-    command = [sys.executable, "-m", "mm2py.cli", *global_args, "run", str(config_path)]
+    argv = [*global_args, "run", str(config_path), "--listen", listen, *args]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc: subprocess.Popen[bytes] | ForkedProcess
     with open(log_path, "wb") as out:
-        proc = subprocess.Popen(
-            [*command, "--listen", listen, *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-            start_new_session=True,  # its process group is its own (`stop(group=True)`)
-        )
+        if fresh_interpreters():
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "mm2py.cli", *argv],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # its process group is its own (`stop(group=True)`)
+            )
+        else:  # in a session of its own too
+            proc = FORKER.start(argv, env, out.fileno(), out.fileno())
     daemon = RunningDaemon(proc, log_path, listen)
     try:
         yield daemon
