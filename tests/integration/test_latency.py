@@ -27,8 +27,10 @@ import json
 import multiprocessing
 import os
 import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,6 +41,7 @@ from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka import clients
 from mm2py.replication.stats import LATENCY_BUCKETS
 from mm2py.runtime.status import quantile
+from tests.conftest import Clusters
 from tests.daemon_harness import RunningDaemon, mm2_properties, running_daemon
 from tests.kafka_helpers import create_topic, wait_until
 from tests.latency_agreement import (
@@ -54,7 +57,7 @@ from tests.latency_agreement import (
 pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 PARTITIONS = 2
-# Warming up goes in rounds of WARM_UP_ROUND_SECONDS at the measured rate until a round's
+# Warming up goes in rounds of WARM_UP_ROUND_SECONDS at the highest measured rate until a round's
 # copies have a median latency under WARM_P50_SECONDS, for at most WARM_UP_LIMIT_SECONDS:
 # brokers started a moment ago run Kafka's code before the JIT has compiled it (a session
 # that runs this module alone starts them fresh; measured here: p50 3.2 s, then 52 ms,
@@ -247,54 +250,78 @@ def _produce_steadily(cluster: LocalCluster, topic: str, rate: int, seconds: flo
     return sent
 
 
-@pytest.mark.parametrize(("rate", "seconds"), [(5, 30.0), (5000, 10.0)])
+# (records/s, seconds measured)
+RATES = [(5, 30.0), (5000, 10.0)]
+
+
+@dataclass(frozen=True)
+class WarmNode:
+    """The module's node, warmed up, and the topic each rate measures (on A)."""
+
+    daemon: RunningDaemon
+    topics: dict[int, str]
+
+
+@pytest.fixture(scope="module")
+def warm_node(clusters: Clusters, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmNode]:
+    """One node copies both rates' topics: its start and the warm-up (10-15 s of the
+    serial step) happen once. It warms up at the highest rate measured, on a topic of its
+    own (the status's one-minute window of a measured topic holds only that topic's
+    records): copying runs, and brokers started a moment ago (their JIT still cold: p50
+    above a second at 5,000/s in the first minute) are up to speed before anything is
+    measured."""
+    a, b = clusters["A"], clusters["B"]
+    name = f"latency-{uuid.uuid4().hex[:8]}"
+    topics = {rate: f"{name}-{rate}" for rate, _seconds in RATES}
+    warm = f"{name}-warm"
+    for topic in [*topics.values(), warm]:
+        create_topic(a, topic, partitions=PARTITIONS)
+    config = tmp_path_factory.mktemp("latency") / "mm2.properties"
+    config.write_text(mm2_properties(a, b, "|".join([*topics.values(), warm])))
+    with running_daemon(config) as daemon:
+        warmed = _warm_up(daemon, a, b, warm, max(topics))
+        wait_until(
+            lambda: _observed(daemon, f"A.{warm}") >= warmed or None,
+            timeout=60,
+            what=f"the warm-up records copied to A.{warm}",
+        )
+        yield WarmNode(daemon, topics)
+
+
+@pytest.mark.parametrize(("rate", "seconds"), RATES)
 def test_latency_metric_matches_arrival_on_target(
+    warm_node: WarmNode,
     cluster_a: LocalCluster,
     cluster_b: LocalCluster,
-    unique: str,
-    tmp_path: Path,
     rate: int,
     seconds: float,
 ) -> None:
-    remote = f"A.{unique}"
-    warm = f"{unique}-warm"
-    create_topic(cluster_a, unique, partitions=PARTITIONS)
-    create_topic(cluster_a, warm, partitions=PARTITIONS)
-    config = tmp_path / "mm2.properties"
-    config.write_text(mm2_properties(cluster_a, cluster_b, f"{unique}|{warm}"))
-    with running_daemon(config) as daemon:
-        # Warm up at the measured rate, on a topic of its own (the status's one-minute
-        # window of the measured topic holds only its own records): copying runs, and
-        # brokers started a moment ago (their JIT still cold: p50 above a second at
-        # 5,000/s in the first minute) are up to speed before anything is measured.
-        warmed = _warm_up(daemon, cluster_a, cluster_b, warm, rate)
-        first = _produce_steadily(cluster_a, unique, 10, 1.0)
-        wait_until(
-            lambda: (
-                (_observed(daemon, f"A.{warm}") >= warmed and _observed(daemon, remote) >= first)
-                or None
-            ),
-            timeout=60,
-            what=f"the warm-up records copied to A.{warm} and {remote}",
-        )
-        before = _latency_counts(daemon, remote)
-        watcher = Watcher(cluster_b, remote)
-        watcher.start()
-        wait_until(watcher.is_ready, what="the watcher's process")
-        time.sleep(1)  # its consumer has looked up the partitions' ends
-        sent = _produce_steadily(cluster_a, unique, rate, seconds)
-        wait_until(
-            lambda: _observed(daemon, remote) - sum(before) >= sent or None,
-            timeout=60,
-            what=f"{sent} latencies observed",
-        )
-        wait_until(lambda: watcher.seen >= sent or None, what="the watcher")
-        watcher.stop()
-        after = _latency_counts(daemon, remote)
-        exposed = [line for line in daemon.metrics().splitlines() if f'topic="{remote}"' in line]
-        # The REST status: quantiles of the last minute, from the same histograms.
-        topics = json.loads(daemon.status("A->B"))["topics"]
-        status_p50 = next(t["latency_p50_seconds"] for t in topics if t["topic"] == remote)
+    daemon, topic = warm_node.daemon, warm_node.topics[rate]
+    remote = f"A.{topic}"
+    first = _produce_steadily(cluster_a, topic, 10, 1.0)
+    wait_until(
+        lambda: _observed(daemon, remote) >= first or None,
+        timeout=60,
+        what=f"the first records copied to {remote}",
+    )
+    before = _latency_counts(daemon, remote)
+    watcher = Watcher(cluster_b, remote)
+    watcher.start()
+    wait_until(watcher.is_ready, what="the watcher's process")
+    time.sleep(1)  # its consumer has looked up the partitions' ends
+    sent = _produce_steadily(cluster_a, topic, rate, seconds)
+    wait_until(
+        lambda: _observed(daemon, remote) - sum(before) >= sent or None,
+        timeout=60,
+        what=f"{sent} latencies observed",
+    )
+    wait_until(lambda: watcher.seen >= sent or None, what="the watcher")
+    watcher.stop()
+    after = _latency_counts(daemon, remote)
+    exposed = [line for line in daemon.metrics().splitlines() if f'topic="{remote}"' in line]
+    # The REST status: quantiles of the last minute, from the same histograms.
+    topics = json.loads(daemon.status("A->B"))["topics"]
+    status_p50 = next(t["latency_p50_seconds"] for t in topics if t["topic"] == remote)
     metric = [a - b for a, b in zip(after, before, strict=True)]
     watched = watcher.latencies
     assert sum(metric) == sent and len(watched) == sent
