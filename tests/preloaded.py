@@ -1,9 +1,10 @@
 """A preloaded interpreter that starts `mm2py run` nodes by fork, for the tests.
 
 A node started as `python -m mm2py.cli run CONFIG` spends most of its first second
-importing (about 0.7 CPU-s: the config models, the daemon, FastAPI); the suite starts
-some two hundred of them. Each pytest worker therefore keeps one interpreter that has
-imported what a node imports, and forks a node from it on request: the node runs the
+importing (about 0.7 CPU-s: the config models, the daemon, FastAPI); the suite's
+parallel step starts about 150 of them. Each pytest worker therefore keeps one
+interpreter that has imported what a node imports, and forks a node from it on
+request: the node runs the
 same entry point (`runpy` runs `mm2py.cli` as `__main__`, as `-m` does, so the task
 processes it spawns start from the same main module), with the test's argument list,
 environment, working folder and output files, in a session of its own, as
@@ -17,10 +18,11 @@ status). Nothing else of this process reaches the node: it forks only while it i
 the only thread (it checks), the node's descriptors are its own output files and
 /dev/null, and Python reseeds `random` in a forked child.
 
-Protocol, over a Unix socket the test's process binds and passes in: a request is one
-JSON message (argv, env, cwd) with the node's stdout and stderr as descriptors; the
-answer is the node's pid, then, on the same connection, its exit status (as
-`subprocess.Popen.returncode` gives it: minus the signal that killed it) when it ends.
+Protocol, over a Unix packet socket (each message arrives whole) that the test's
+process binds and passes in: a request is one JSON message (argv, env, cwd) with the
+node's stdout and stderr as descriptors; the answer is the node's pid, then, on the same
+connection, its exit status (as `subprocess.Popen.returncode` gives it: minus the signal
+that killed it) when it ends.
 This interpreter ends when its parent closes its stdin.
 """
 
@@ -71,7 +73,6 @@ class ForkedProcess:
         self.pid = pid
         self.args = args
         self.returncode: int | None = None
-        self._pending = b""
 
     def _read_status(self, timeout: float | None) -> None:
         if self.returncode is not None:
@@ -79,14 +80,10 @@ class ForkedProcess:
         ready, _, _ = select.select([self._connection], [], [], timeout)
         if not ready:
             return
-        while not self._pending.endswith(b"\n"):
-            chunk = self._connection.recv(64)
-            if not chunk:
-                raise RuntimeError(
-                    f"the preloaded interpreter went away before node {self.pid} ended"
-                )
-            self._pending += chunk
-        self.returncode = int(self._pending)
+        message = self._connection.recv(64)
+        if not message:
+            raise RuntimeError(f"the preloaded interpreter went away before node {self.pid} ended")
+        self.returncode = int(message)
         self._connection.close()
 
     def poll(self) -> int | None:
@@ -124,7 +121,7 @@ class Forker:
         folder = Path(os.environ.get("TMPDIR", "/tmp"))
         path = folder / f"mm2py-preloaded-{os.getpid()}.sock"
         path.unlink(missing_ok=True)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         listener.bind(str(path))
         listener.listen(16)
         try:
@@ -147,17 +144,14 @@ class Forker:
         `stderr` (descriptors), in a session of its own."""
         with self._lock:
             path = self._started()
-        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         connection.connect(str(path))
         request = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}).encode()
         socket.send_fds(connection, [request], [stdout, stderr])
-        answer = b""
-        while not answer.endswith(b"\n"):
-            chunk = connection.recv(64)
-            if not chunk:
-                connection.close()
-                raise RuntimeError(f"the preloaded interpreter did not start `mm2py {argv}`")
-            answer += chunk
+        answer = connection.recv(64)
+        if not answer:
+            connection.close()
+            raise RuntimeError(f"the preloaded interpreter did not start `mm2py {argv}`")
         return ForkedProcess(connection, int(answer), ["mm2py", *argv])
 
     def close(self) -> None:
@@ -239,7 +233,7 @@ def serve(listener: socket.socket) -> None:
                     _become_node(request, fds, [listener, connection, *others])
                 for fd in fds:
                     os.close(fd)
-                connection.sendall(f"{pid}\n".encode())
+                connection.send(str(pid).encode())
                 pidfd = os.pidfd_open(pid)
                 running[pidfd] = (pid, connection)
                 selector.register(pidfd, selectors.EVENT_READ, "exit")
@@ -250,7 +244,7 @@ def serve(listener: socket.socket) -> None:
                 os.close(pidfd)
                 _, status = os.waitpid(pid, 0)
                 with contextlib.suppress(OSError):  # the test may no longer ask
-                    connection.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+                    connection.send(str(os.waitstatus_to_exitcode(status)).encode())
                 connection.close()
 
 
