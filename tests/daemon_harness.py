@@ -100,6 +100,16 @@ class RunningDaemon:
             if part.get("task") is not None and part.get("pid")
         }
 
+    @contextmanager
+    def reported(self) -> Iterator[None]:
+        """Print `report()` if the block raises (pytest shows it under "Captured stdout"
+        of the failed test), then let the error go on."""
+        try:
+            yield
+        except BaseException:
+            print(self.report(), flush=True)
+            raise
+
     def report(self) -> str:
         """Each flow's status from the REST API, then the log's tail (for failed tests)."""
         lines = [f"--- mm2py daemon on {self.listen}, log {self.log_path}"]
@@ -170,11 +180,8 @@ def running_daemon(
             proc = FORKER.start(argv, env, out.fileno(), out.fileno())
     daemon = RunningDaemon(proc, log_path, listen)
     try:
-        yield daemon
-    except BaseException:
-        # What the daemon saw, shown under "Captured stdout" when the test fails.
-        print(daemon.report(), flush=True)
-        raise
+        with daemon.reported():  # what the daemon saw, when the test fails
+            yield daemon
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -35,6 +35,7 @@ import os
 import runpy
 import select
 import selectors
+import signal
 import socket
 import subprocess
 import sys
@@ -101,10 +102,10 @@ class ForkedProcess:
             os.kill(self.pid, sig)
 
     def terminate(self) -> None:
-        self.send_signal(15)
+        self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        self.send_signal(9)
+        self.send_signal(signal.SIGKILL)
 
 
 class Forker:
@@ -129,12 +130,10 @@ class Forker:
                 [sys.executable, "-u", "-m", "tests.preloaded", str(listener.fileno())],
                 stdin=subprocess.PIPE,
                 pass_fds=[listener.fileno()],
-                env=dict(os.environ, PYTHONUNBUFFERED="1"),
             )
         finally:
             listener.close()  # the interpreter holds it now
         self._path = path
-        atexit.register(self.close)
         return path
 
     def start(
@@ -165,6 +164,7 @@ class Forker:
 
 
 FORKER = Forker()
+atexit.register(FORKER.close)
 
 
 # -- the preloaded interpreter ------------------------------------------------------------
@@ -225,7 +225,7 @@ def serve(listener: socket.socket) -> None:
                     raise RuntimeError(f"cannot fork safely: {threads} threads")
                 pid = os.fork()
                 if pid == 0:
-                    others = [connection for _pid, connection in running.values()]
+                    others = [other for _pid, other in running.values()]
                     pidfds = list(running)
                     selector.close()
                     for pidfd in pidfds:
