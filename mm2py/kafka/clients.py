@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
@@ -176,6 +176,8 @@ def describe_cluster(props: Mapping[str, str], timeout: float = 3.0) -> bool:
 
 # How long access_error() waits after a transport error for a TLS or login error.
 UNREACHABLE_GRACE = 3.0
+# How long each of access_error()'s Metadata requests may wait for an answer.
+ACCESS_ASK_TIMEOUT = 0.25
 
 # Errors that retrying cannot fix: wrong credentials, a certificate that does not verify.
 _ACCESS_ERRORS = frozenset(
@@ -218,17 +220,17 @@ def access_error(props: Mapping[str, str], timeout: float = 10.0) -> KafkaError 
 
     None when the cluster answers (`cluster_metadata`), cannot be reached, or gives
     no answer within `timeout`: retrying is the parts' business then. librdkafka
-    reports these errors through error_cb, served by poll().
+    reports these errors through error_cb, served by poll(), so the Metadata requests
+    are short ones (ACCESS_ASK_TIMEOUT) with a poll between them, on the caller's
+    thread: nothing is left asking once this returns (a refused login used to leave a
+    thread waiting out `timeout`, which held the process's exit for that long).
     """
     errors: list[KafkaError] = []
     admin = admin_client(props, {"error_cb": errors.append})
-    asking = ThreadPoolExecutor(max_workers=1)
-    future = asking.submit(cluster_metadata, admin, timeout)
-    asking.shutdown(wait=False)
     deadline = time.monotonic() + timeout
     grace_set = False
-    while time.monotonic() < deadline:
-        admin.poll(0.1)
+    while True:
+        admin.poll(0)
         refused = next((err for err in errors if err.code() in _ACCESS_ERRORS), None)
         if refused is not None:
             return refused
@@ -238,10 +240,15 @@ def access_error(props: Mapping[str, str], timeout: float = 10.0) -> KafkaError 
             # unreachable.
             deadline = min(deadline, time.monotonic() + UNREACHABLE_GRACE)
             grace_set = True
-        if future.done():
-            exc = future.exception()
-            failure = exc.args[0] if exc is not None and exc.args else None
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        try:
+            cluster_metadata(admin, min(ACCESS_ASK_TIMEOUT, left))
+        except KafkaException as exc:
+            failure = exc.args[0] if exc.args else None
             if isinstance(failure, KafkaError) and failure.code() in _ACCESS_ERRORS:
                 return failure
-            return None
+            continue  # no answer yet
+        return None  # the cluster answers
     return None
