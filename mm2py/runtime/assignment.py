@@ -32,9 +32,14 @@ REBALANCE_PROTOCOLS_CONFIG = "group.coordinator.rebalance.protocols"
 CONSUMER_SESSION_CONFIG = "group.consumer.session.timeout.ms"
 # The classic protocol's session, set by the client: a node that stops answering loses
 # its tasks after this, and they move (Kafka Connect's default too). At least the
-# brokers' group.min.session.timeout.ms (6 s by default); heartbeats every third of it.
+# brokers' group.min.session.timeout.ms (6 s by default).
 CLASSIC_SESSION_TIMEOUT_MS = 10000
-CLASSIC_HEARTBEAT_INTERVAL_MS = 3000
+# A classic member hears of a rebalance in its next heartbeat's answer, and a move
+# under cooperative-sticky takes two rounds (the task is given up, then handed on):
+# each round waits up to this for the members to rejoin. Kafka's consumer and Connect
+# heartbeat every 3 s; mm2py every second, one small request a second per node and
+# flow, so that a node joining or leaving moves tasks a few seconds sooner.
+CLASSIC_HEARTBEAT_INTERVAL_MS = 1000
 
 
 @dataclass(frozen=True)
