@@ -38,6 +38,7 @@ from mm2py.tools.translate import gather
 from tests.conftest import Clusters
 from tests.daemon_harness import RunningDaemon, mm2_properties, running_daemon
 from tests.kafka_helpers import (
+    READ_TO_END,
     create_topic,
     end_offsets,
     end_transaction,
@@ -232,7 +233,7 @@ def read_rest_on_b(
             "group.id": group,
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
-            "enable.partition.eof": True,
+            **READ_TO_END,  # its end known at once (kafka_helpers.READ_TO_END)
             # What an exactly-once target promises: once each, to read_committed readers.
             "isolation.level": "read_committed",
         },

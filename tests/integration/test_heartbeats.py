@@ -29,7 +29,14 @@ from mm2py.parts.heartbeat import HeartbeatPart
 from mm2py.runtime.metrics import Metrics
 from tests.conftest import Clusters
 from tests.daemon_harness import running_daemon
-from tests.kafka_helpers import create_topic, end_offsets, produce, topic_names, wait_until
+from tests.kafka_helpers import (
+    READ_TO_END,
+    create_topic,
+    end_offsets,
+    produce,
+    topic_names,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +74,7 @@ def _heartbeats(
 
     Reads from `start` (partition -> offset; partitions not in it from 0) up to the end.
     """
-    consumer = clients.consumer(cluster.client_properties(), {"enable.partition.eof": True})
+    consumer = clients.consumer(cluster.client_properties(), READ_TO_END)
     try:
         meta = consumer.list_topics(timeout=10).topics.get(topic)
         if meta is None:

@@ -74,10 +74,15 @@ def test_records_are_copied_byte_equal_per_partition(
     with running_daemon(config) as daemon:
         copied = _copied(cluster_b, f"A.{unique}", 300)
         assert _by_partition(copied) == _by_partition(read_all(cluster_a, unique))
-        metrics = daemon.metrics()
-        assert (
+        # The counter counts acknowledgements, which reach the daemon a moment after the
+        # copies can be read on B.
+        counted = (
             f'mm2py_records_total{{partition="0",source="A",target="B",topic="A.{unique}"}} 100.0'
-            in metrics
+        )
+        metrics = wait_until(
+            lambda: text if counted in (text := daemon.metrics()) else None,
+            timeout=10,
+            what=f"{counted!r} in /metrics",
         )
         assert "mm2py_replication_latency_seconds_bucket" in metrics
         labels = f'partition="2",source="A",target="B",topic="A.{unique}"'
