@@ -78,7 +78,7 @@ def setup(
     clusters: Clusters, registries: Registries, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Setup]:
     a, b = clusters["A"], clusters["B"]
-    reg_a, reg_b = registries["A"], registries["B"]
+    reg_a, reg_b = registries.up("A", "B")
     source = SchemaRegistryClient({"url": reg_a.url})
     target = SchemaRegistryClient({"url": reg_b.url})
     # B's registry holds other schemas first: the same schema gets another id there.
