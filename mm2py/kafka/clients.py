@@ -222,8 +222,8 @@ def access_error(props: Mapping[str, str], timeout: float = 10.0) -> KafkaError 
     no answer within `timeout`: retrying is the parts' business then. librdkafka
     reports these errors through error_cb, served by poll(), so the Metadata requests
     are short ones (ACCESS_ASK_TIMEOUT) with a poll between them, on the caller's
-    thread: nothing is left asking once this returns (a refused login used to leave a
-    thread waiting out `timeout`, which held the process's exit for that long).
+    thread: nothing is left asking once this returns, and a refused login ends
+    `mm2py run` at once.
     """
     errors: list[KafkaError] = []
     admin = admin_client(props, {"error_cb": errors.append})
@@ -251,4 +251,3 @@ def access_error(props: Mapping[str, str], timeout: float = 10.0) -> KafkaError 
                 return failure
             continue  # no answer yet
         return None  # the cluster answers
-    return None
