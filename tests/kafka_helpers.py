@@ -27,6 +27,9 @@ T = TypeVar("T")
 RECENT_MS = (int(time.time()) - 3600) * 1000
 # The oldest record timestamp `produce` accepts: a day inside the default retention.
 _RETAINED_MS = 6 * 24 * 3600 * 1000
+# Where a flow A->B writes its offset syncs (on A, the source), under MM2's default
+# replication policy: the name MM2 gives it, spelled out as the contract it is.
+SYNCS_TOPIC = "mm2-offset-syncs.B.internal"
 
 
 def wait_until(

@@ -24,6 +24,7 @@ from mm2py.replication.progress import ProgressStore
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.kafka_helpers import (
     RECENT_MS,
+    SYNCS_TOPIC,
     Rec,
     awkward_records,
     create_topic,
@@ -98,7 +99,7 @@ def _progress(b: LocalCluster, topic: str) -> dict[int, int]:
 
 def _syncs(a: LocalCluster, topic: str) -> OffsetSyncStore:
     store = OffsetSyncStore()
-    for rec in read_all(a, "mm2-offset-syncs.B.internal"):
+    for rec in read_all(a, SYNCS_TOPIC):
         sync = OffsetSync.decode(rec.key, rec.value)
         if sync.topic == topic:
             # Unmarked syncs would not translate exactly: this checks the backfill marks them.

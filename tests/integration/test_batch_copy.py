@@ -32,6 +32,7 @@ from mm2py.replication.progress import ProgressStore
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.kafka_helpers import (
     RECENT_MS,
+    SYNCS_TOPIC,
     Rec,
     commit_offsets,
     create_topic,
@@ -45,7 +46,6 @@ pytestmark = pytest.mark.integration
 
 PARTITIONS = 2
 RECORDS = 3000
-SYNCS_TOPIC = "mm2-offset-syncs.B.internal"
 _COORDINATOR_NOT_READY = (
     KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
     KafkaError.NOT_COORDINATOR,

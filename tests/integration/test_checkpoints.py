@@ -27,6 +27,7 @@ from mm2py.tools.translate import gather
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.integration.test_failover import EXACTLY_ONCE, MODES, Mode, wait_copied
 from tests.kafka_helpers import (
+    SYNCS_TOPIC,
     commit_offsets,
     create_topic,
     end_offsets,
@@ -62,7 +63,7 @@ def _synced(a: LocalCluster, topic: str, upstream: int) -> None:
     """Wait until the replicator's offset syncs reach `upstream` of `topic`-0."""
 
     def probe() -> bool:
-        for rec in read_all(a, "mm2-offset-syncs.B.internal"):
+        for rec in read_all(a, SYNCS_TOPIC):
             sync = OffsetSync.decode(rec.key, rec.value)
             if sync.topic == topic and sync.upstream_offset >= upstream:
                 return True

@@ -60,6 +60,7 @@ from tests.integration.test_mm2_handover import (
 )
 from tests.kafka_helpers import (
     RECENT_MS,
+    SYNCS_TOPIC,
     LiveProducer,
     Rec,
     commit_offsets,
@@ -73,7 +74,6 @@ from tests.kafka_helpers import (
 pytestmark = pytest.mark.integration
 
 FLOW = "A->B"
-SYNCS_TOPIC = "mm2-offset-syncs.B.internal"
 # The bound on a dead node's tasks moving (MM2: up to 5 minutes).
 FAILOVER_S = 15.0
 # Starting a node on a busy 2-core machine: interpreter, imports, group join, a task

@@ -42,7 +42,15 @@ from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka import clients
 from mm2py.kafka.internal_topics import read_offset_syncs
 from tests.daemon_harness import mm2_properties, running_daemon
-from tests.kafka_helpers import RECENT_MS, Rec, create_topic, end_transaction, read_all, wait_until
+from tests.kafka_helpers import (
+    RECENT_MS,
+    SYNCS_TOPIC,
+    Rec,
+    create_topic,
+    end_transaction,
+    read_all,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +58,6 @@ PARTITIONS = 2
 TRANSACTIONS = 40
 PER_TRANSACTION = 500  # records, spread over the partitions
 FOREIGN_EVERY = 0.002  # seconds between two foreign records on the target
-SYNCS_TOPIC = "mm2-offset-syncs.B.internal"
 # A run's last delivery report, which decides whether it is copied again, is served
 # within this long after its records are on the target.
 RUN_PROVEN_WITHIN = 5.0

@@ -30,6 +30,7 @@ from mm2py.replication.exactly_once import transactional_id
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.integration.test_cluster import _running_tasks, _tasks_of, _wait_tasks
 from tests.kafka_helpers import (
+    SYNCS_TOPIC,
     LiveProducer,
     Rec,
     Transactions,
@@ -44,7 +45,6 @@ from tests.kafka_helpers import (
 pytestmark = pytest.mark.integration
 
 EXACTLY_ONCE = {"B.exactly.once.source.support": "enabled"}
-SYNCS_TOPIC = "mm2-offset-syncs.B.internal"
 PARTITIONS = 4
 # How a fenced producer's failure shows in the log (librdkafka's words).
 _FENCED = re.compile(r"fenced|old epoch", re.IGNORECASE)

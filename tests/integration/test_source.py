@@ -23,6 +23,7 @@ from mm2py.kafka import clients
 from tests.conftest import Clusters
 from tests.daemon_harness import mm2_properties, running_daemon
 from tests.kafka_helpers import (
+    SYNCS_TOPIC,
     Rec,
     awkward_records,
     create_topic,
@@ -121,7 +122,7 @@ def test_aborted_transactions_are_not_copied(
 
         def translations() -> dict[int, int | None] | None:
             store = OffsetSyncStore()
-            for rec in read_all(cluster_a, "mm2-offset-syncs.B.internal"):
+            for rec in read_all(cluster_a, SYNCS_TOPIC):
                 sync = OffsetSync.decode(rec.key, rec.value)
                 if sync.topic == unique:
                     # Read as the checkpoint part reads them: only marked syncs are exact.
