@@ -1,7 +1,7 @@
 """The spare task process: kept only while the node may be given more tasks, one at a time.
 
-Real processes (multiprocessing's spawn, as a node starts them): each spare is an
-interpreter importing the copy path, about half a CPU-second.
+Real processes, forked by the task server as a node's are (the first spare starts the
+server, in this test's process: an interpreter importing the copy path).
 """
 
 from __future__ import annotations
