@@ -65,7 +65,6 @@ def test_kill_9_while_copying_leaves_every_record_once_and_syncs_on_committed_co
     cluster_a: LocalCluster, cluster_b: LocalCluster, tmp_path: Path, unique: str
 ) -> None:
     topic = f"eos-{unique}"
-    remote = f"A.{topic}"
     create_topic(cluster_a, topic, PARTITIONS)
     config = tmp_path / "mm2.properties"
     config.write_text(
@@ -94,13 +93,13 @@ def test_kill_9_while_copying_leaves_every_record_once_and_syncs_on_committed_co
                 node.proc.send_signal(signal.SIGKILL)
                 node.proc.wait(10)
         time.sleep(2)
-    _copy_exactly(cluster_a, cluster_b, config, topic)
-    assert b"aborted" not in b"".join(r.value or b"" for r in read_all(cluster_a, topic))
+    held, copies = _copy_exactly(cluster_a, cluster_b, config, topic)
+    assert b"aborted" not in b"".join(r.value or b"" for r in held)
     # Every sync names a committed copy of its source record; a position's (the source
     # consumer's, past markers and aborted records) names one past the committed copy of
     # the last record before it.
-    by_offset_a = {(r.partition, r.offset): r.value for r in read_all(cluster_a, topic)}
-    by_offset_b = {(r.partition, r.offset): r.value for r in read_all(cluster_b, remote)}
+    by_offset_a = {(r.partition, r.offset): r.value for r in held}
+    by_offset_b = {(r.partition, r.offset): r.value for r in copies}
     syncs = [
         (OffsetSync.decode(r.key, r.value), is_position_sync(list(r.headers)))
         for r in read_all(cluster_a, SYNCS_TOPIC)
@@ -149,26 +148,32 @@ def test_kill_9_while_copying_leaves_every_record_once_and_syncs_on_committed_co
 
 def _copy_exactly(
     cluster_a: LocalCluster, cluster_b: LocalCluster, config: Path, topic: str
-) -> None:
+) -> tuple[list[Rec], list[Rec]]:
     """Run a node until every committed record of `topic` is on B, then check that a
-    read_committed reader sees each exactly once, in order, per partition."""
+    read_committed reader sees each exactly once, in order, per partition. Returns what
+    A holds and the copies on B, as read for the check."""
     remote = f"A.{topic}"
-    source = _by_partition(read_all(cluster_a, topic))
+    held = read_all(cluster_a, topic)
+    source = _by_partition(held)
     total = sum(len(v) for v in source.values())
     with running_daemon(config) as node:
+        # A read of B takes a second or more here (tens of thousands of records).
         wait_until(
             lambda: len(read_all(cluster_b, remote)) >= total,
             timeout=90,
+            interval=1.0,
             what=f"{total} committed records on B",
         )
         time.sleep(1)  # anything copied twice would show now
-        copied = _by_partition(read_all(cluster_b, remote))
         node.stop()
+    copies = read_all(cluster_b, remote)  # all the node wrote
+    copied = _by_partition(copies)
     for p in range(PARTITIONS):
         assert copied[p] == source[p], (
             f"{remote}-{p}: {len(copied[p])} records for {len(source[p])} "
             f"({len(copied[p]) - len(set(copied[p]))} repeated)"
         )
+    return held, copies
 
 
 def test_a_node_stopped_past_its_session_is_fenced_and_commits_nothing_after(
