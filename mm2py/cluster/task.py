@@ -230,7 +230,7 @@ class SpareProcess:
 
     A spare is kept only while the node may be given more tasks (`wanted`, from `prime`):
     one that runs every task of its flows (a node alone) is given none, and a spare costs
-    a process with the copy path's memory (about 50 MB). At most one is
+    a process (6 MB of its own, the rest shared with the server). At most one is
     started at a time, so tasks assigned together take one spare and start the others
     afresh, rather than each starting a spare of its own."""
 
