@@ -157,7 +157,7 @@ def _copy_exactly(
     source = _by_partition(held)
     total = sum(len(v) for v in source.values())
     with running_daemon(config) as node:
-        # A read of B takes a second or more here (tens of thousands of records).
+        # Each probe reads the whole remote topic (tens of thousands of records).
         wait_until(
             lambda: len(read_all(cluster_b, remote)) >= total,
             timeout=90,
