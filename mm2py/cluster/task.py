@@ -175,6 +175,9 @@ class TaskPart(FlowPart):
         level, fmt = logs.chosen()
         parent_end.send((self.flow, self.source, self.target, self.slot, level, fmt))
         self.pid = process.pid
+        # A new process counts its restarts from 0: the last one's report must not stand
+        # for it (a restart would wait for a count this process never reaches).
+        self.report = None
         with self._conn_lock:
             self._conn, self._stop_sent = parent_end, False
         if self.paused:
@@ -189,7 +192,9 @@ class TaskPart(FlowPart):
                 if parent_end.poll():
                     try:
                         self._take(parent_end.recv())
-                    except EOFError:
+                    # A process that ended with commands of ours unread resets the pipe
+                    # rather than closing it: its end either way.
+                    except (EOFError, ConnectionResetError):
                         ended = True
                 elif not process.is_alive():
                     ended = True
@@ -201,6 +206,8 @@ class TaskPart(FlowPart):
             if process.is_alive():
                 process.kill()
                 process.join(2)
+            if self.pid == process.pid:  # (a run after it, past a stop's timeout, has its own)
+                self.pid = None  # the status names no process that has ended
             self.node_stats.retire(self.slot.id)
         report = self.report
         if report is not None and report.error is not None:

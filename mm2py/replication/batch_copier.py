@@ -251,7 +251,9 @@ class BatchCopier:
             self._copying = parts
         if self.paused:
             # Nothing is read while paused: answers to fetches sent before are dropped.
-            self.raw.discard_fetches()
+            # Clients not open yet (no partition was ever assigned) sent no fetch.
+            if self.raw.is_open:
+                self.raw.discard_fetches()
             time.sleep(min(self._poll_timeout, 0.1))
         elif not parts:
             time.sleep(min(self._poll_timeout, 0.1))

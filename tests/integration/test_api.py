@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
@@ -14,7 +17,9 @@ from typing import Any
 
 import pytest
 
+from mm2py.cluster.task import REPORT_INTERVAL
 from mm2py.dev.launcher import LocalCluster
+from mm2py.runtime.part import STOP_TIMEOUT
 from tests.daemon_harness import RunningDaemon, free_port, mm2_properties, running_daemon
 from tests.kafka_helpers import Rec, create_topic, end_offsets, produce, read_all, wait_until
 
@@ -152,6 +157,76 @@ def test_pause_stops_reading_and_resume_continues_without_gap_or_duplicate(
         e.get("flow") == "A->B" and e.get("part") == "source" and "paused" in e["message"]
         for e in events
     )
+
+
+def _source_part(daemon: RunningDaemon) -> dict[str, Any]:
+    """The flow's source part (task 0), {} while the node has none (joining)."""
+    return next((p for p in _status(daemon)["parts"] if p["part"] == "source"), {})
+
+
+def _running_pid(daemon: RunningDaemon) -> int | None:
+    """The source task's process, once the part is RUNNING."""
+    part = _source_part(daemon)
+    return part.get("pid") if part.get("state") == "RUNNING" else None
+
+
+def test_a_flow_waiting_for_its_topic_restarts_and_pauses_without_failing(
+    cluster_a: LocalCluster, cluster_b: LocalCluster, unique: str, tmp_path: Path
+) -> None:
+    """A flow whose topic does not exist yet (batch pass-through, the default):
+
+    - a restart after its task process was replaced answers once the new process has
+      restarted its copy, not when the node's wait for it runs out (the node once
+      compared the new process's count of restarts with the old one's, and waited out
+      `STOP_TIMEOUT`);
+    - paused, its source part waits: it once failed every time, its copier asking raw
+      clients that no partition had opened yet to drop their fetches;
+    - the topic created and the flow resumed, its records are copied.
+    """
+    remote = f"A.{unique}"
+    config = tmp_path / "mm2.properties"
+    config.write_text(mm2_properties(cluster_a, cluster_b, unique))
+    with running_daemon(config) as daemon, daemon.reported():
+        wait_until(lambda: _ready(daemon), timeout=30, what="the REST API")
+
+        def restarted_in_place() -> int | None:
+            """A restart the task's process serves itself (until its first report, the
+            node starts a new process instead): its pid, unchanged."""
+            before = wait_until(lambda: _running_pid(daemon), timeout=60, what="the task")
+            time.sleep(REPORT_INTERVAL + 0.5)  # its first report
+            assert _call(daemon, "POST", f"/flows/{FLOW_URL}/restart")[0] == 200
+            return before if _running_pid(daemon) == before else None
+
+        first = wait_until(restarted_in_place, timeout=60, what="a restart in the process")
+        os.kill(first, signal.SIGKILL)  # the node starts the task in a new process
+        wait_until(
+            lambda: _running_pid(daemon) not in (None, first),
+            timeout=60,
+            what="the source task in a new process",
+        )
+        started = time.monotonic()
+        code, restarted = _call(daemon, "POST", f"/flows/{FLOW_URL}/restart")
+        waited = time.monotonic() - started
+        assert code == 200 and {p["state"] for p in restarted["parts"]} == {"RUNNING"}
+        assert waited < STOP_TIMEOUT, f"the restart answered after {waited:.1f} s"
+
+        code, paused = _call(daemon, "PUT", f"/flows/{FLOW_URL}/pause")
+        assert code == 202 and paused["state"] == "PAUSED"
+        # The paused copier goes round every 0.1 s; the failure came at its first round.
+        time.sleep(2)
+        part = _source_part(daemon)
+        assert part["state"] == "PAUSED" and part["restarts"] == 1, part  # the kill's
+        create_topic(cluster_a, unique, partitions=2)
+        produce(cluster_a, unique, _batch(0, 10))
+        assert _call(daemon, "PUT", f"/flows/{FLOW_URL}/resume")[0] == 202
+        wait_until(
+            lambda: sum(end_offsets(cluster_b, remote).values()) == 10,
+            timeout=60,
+            what="the new topic's 10 records copied",
+        )
+    failures = [line for line in daemon.log().splitlines() if "source part failed" in line]
+    # The kill -9 of the task process, and nothing else.
+    assert len(failures) == 1 and "process ended" in failures[0], failures
 
 
 def test_status_says_clearly_when_no_daemon_answers() -> None:

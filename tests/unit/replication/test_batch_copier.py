@@ -88,7 +88,8 @@ class FakeRawProducer:
 
 class FakeRaw:
     """The copier's raw clients: a FakeFetcher per source partition and a FakeRawProducer
-    per remote partition; records each fetch round, prefetch and produce call."""
+    per remote partition; records each fetch round, prefetch and produce call. Like the
+    real ones (`SessionsOnLoop`), a call before `open()` raises."""
 
     def __init__(
         self,
@@ -108,7 +109,16 @@ class FakeRaw:
     def close(self) -> None:
         self.closed = True
 
+    @property
+    def is_open(self) -> bool:
+        return self.opened and not self.closed
+
+    def _check_open(self) -> None:
+        if not self.is_open:
+            raise RuntimeError("raw clients of A->B is not open")
+
     def fetch(self, positions: dict[tuple[str, int], int]) -> dict[tuple[str, int], Any]:
+        self._check_open()
         self.rounds.append(dict(positions))
         out: dict[tuple[str, int], Any] = {}
         for key, position in positions.items():
@@ -119,6 +129,7 @@ class FakeRaw:
         return out
 
     def discard_fetches(self) -> None:
+        self._check_open()
         self.discarded += 1
 
     discarded = 0
@@ -128,6 +139,7 @@ class FakeRaw:
         batches: dict[tuple[str, int], list[RecordBatch]],
         prefetch: dict[tuple[str, int], int] | None = None,
     ) -> dict[tuple[str, int], Any]:
+        self._check_open()
         if prefetch is not None:
             self.prefetched.append(dict(prefetch))
         if not batches:
@@ -438,6 +450,27 @@ def test_paused_reads_nothing_drops_fetches_out_and_measures_lag_from_the_source
     copier.set_paused(False)
     copier.copy_batch(lambda: False)
     assert len(clients.rounds) == rounds + 1  # type: ignore[attr-defined]
+
+
+def test_paused_before_any_partition_touches_no_client() -> None:
+    """A flow whose topics do not exist yet has no partition, so its raw clients were
+    never opened; paused so, its copier waits, where it once asked the unopened clients to
+    drop fetches and failed its part ("raw clients of A->B is not open")."""
+    raw = FakeRaw({}, {})
+    copier = BatchCopier(
+        "A->B",
+        "B",
+        RecordsConsumer(),
+        FakeProducer(),
+        FakeProgress(),  # type: ignore[arg-type]
+        RecordingSyncs(),  # type: ignore[arg-type]
+        ReplicationStats("A", "B"),
+        {},
+        raw,  # type: ignore[arg-type]
+    )
+    copier.set_paused(True)
+    assert copier.copy_batch(lambda: False)
+    assert not raw.opened and raw.discarded == 0 and raw.rounds == []
 
 
 def test_a_batch_too_large_for_the_target_goes_record_by_record() -> None:
