@@ -196,19 +196,29 @@ def _copier(
         RecordingSyncs(),
         FakeProgress(),
     )
-    copier = BatchCopier(
+    copier = _copier_over(FakeRaw({("t", 0): fetcher}, {("A.t", 0): raw}), stored, progress, syncs)
+    copier.assign([NewPartition("t", 0, "A.t")], {("t", 0): 0})
+    return copier, fetcher, raw, syncs, progress
+
+
+def _copier_over(
+    raw: FakeRaw,
+    stored: dict[tuple[str, int], int] | None = None,
+    progress: FakeProgress | None = None,
+    syncs: RecordingSyncs | None = None,
+) -> BatchCopier:
+    """A copier over `raw` with the progress `stored` before it, nothing assigned yet."""
+    return BatchCopier(
         "A->B",
         "B",
         RecordsConsumer(),
         FakeProducer(),
-        progress,  # type: ignore[arg-type]
-        syncs,  # type: ignore[arg-type]
+        FakeProgress() if progress is None else progress,  # type: ignore[arg-type]
+        RecordingSyncs() if syncs is None else syncs,  # type: ignore[arg-type]
         ReplicationStats("A", "B"),
         stored or {},
-        FakeRaw({("t", 0): fetcher}, {("A.t", 0): raw}),  # type: ignore[arg-type]
+        raw,  # type: ignore[arg-type]
     )
-    copier.assign([NewPartition("t", 0, "A.t")], {("t", 0): 0})
-    return copier, fetcher, raw, syncs, progress
 
 
 def _records(base: int, n: int) -> bytes:
@@ -373,17 +383,7 @@ def test_one_round_fetches_every_partition_and_produces_them_together() -> None:
     }
     producers = {("A.t", p): FakeRawProducer() for p in range(4)}
     raw = FakeRaw(fetchers, producers)
-    copier = BatchCopier(
-        "A->B",
-        "B",
-        RecordsConsumer(),
-        FakeProducer(),
-        FakeProgress(),  # type: ignore[arg-type]
-        RecordingSyncs(),  # type: ignore[arg-type]
-        ReplicationStats("A", "B"),
-        {("t", 2): 1},
-        raw,  # type: ignore[arg-type]
-    )
+    copier = _copier_over(raw, {("t", 2): 1})
     copier.assign([NewPartition("t", p, "A.t") for p in range(4)], {})
     consumer: RecordsConsumer = copier.consumer
     consumer.queued = [Record("t", 2, o, key=b"k", value=b"v") for o in (2, 3, 4)]
@@ -413,17 +413,7 @@ def test_a_rejected_partition_stops_alone() -> None:
     producers = {("A.t", p): FakeRawProducer() for p in range(2)}
     producers[("A.t", 1)].refuse = {0}
     raw = FakeRaw(fetchers, producers)
-    copier = BatchCopier(
-        "A->B",
-        "B",
-        RecordsConsumer(),
-        FakeProducer(),
-        FakeProgress(),  # type: ignore[arg-type]
-        RecordingSyncs(),  # type: ignore[arg-type]
-        ReplicationStats("A", "B"),
-        {},
-        raw,  # type: ignore[arg-type]
-    )
+    copier = _copier_over(raw)
     copier.assign([NewPartition("t", p, "A.t") for p in range(2)], {("t", 0): 0, ("t", 1): 0})
     copier.copy_batch(lambda: False)
     copier.copy_batch(lambda: False)
@@ -457,17 +447,7 @@ def test_paused_before_any_partition_touches_no_client() -> None:
     never opened; paused so, its copier waits, where it once asked the unopened clients to
     drop fetches and failed its part ("raw clients of A->B is not open")."""
     raw = FakeRaw({}, {})
-    copier = BatchCopier(
-        "A->B",
-        "B",
-        RecordsConsumer(),
-        FakeProducer(),
-        FakeProgress(),  # type: ignore[arg-type]
-        RecordingSyncs(),  # type: ignore[arg-type]
-        ReplicationStats("A", "B"),
-        {},
-        raw,  # type: ignore[arg-type]
-    )
+    copier = _copier_over(raw)
     copier.set_paused(True)
     assert copier.copy_batch(lambda: False)
     assert not raw.opened and raw.discarded == 0 and raw.rounds == []
