@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--- {mode}, seed {args.seed}, topic {topic}", file=sys.stderr)
             load_before = load_averages()
             try:
-                outcome = run_scenario(
+                [outcome] = run_scenario(
                     kafka,
                     run_dir,
                     topic,

@@ -5,9 +5,15 @@ test_faults.py) and the benchmark (bench/faults.py).
 A flow A->B (tasks.max 4) copies a topic of 8 partitions while an idempotent producer
 writes numbered records into every partition: each value is `<partition>:<sequence>`,
 the sequence counting 0, 1, 2, ... in its partition, stamped with the current time.
-Three mm2py nodes run the same config. Meanwhile, one after the other in an order
-and at moments drawn from a seeded random generator (`plan`), with the numbers of a
-`Shape` (ISSUE_12's for the benchmark, SUITE's for the test):
+Three mm2py nodes run the same config. A scenario may copy with several copiers at once
+(`copy_modes`, `replication.copy.mode` per flow): each further one copies a topic of its
+own from another alias of the same cluster A (`A1`, `A2`, ...: flow A1->B, remote topic
+`A1.<topic>`), on the same three nodes, so that one run of the faults tests each copier
+and the faults' waits (a session to expire, a broker to come back) are paid once.
+
+Meanwhile, one after the other in an order and at moments drawn from a seeded random
+generator (`plan`), with the numbers of a `Shape` (ISSUE_12's for the benchmark, SUITE's
+for the test):
 
 - kill -9 of a node (with its task processes, which die with it), each restarted
   after up to 2 s: ten (the suite: four);
@@ -23,8 +29,8 @@ after the last one.
 
 Then the producer stops, the scenario reads what A holds (records the producer had
 acknowledged, and only those), waits until a read_committed
-reader of the remote topic has every record A holds (or gives up after CATCH_UP_S),
-and reads the remote topic from the beginning with isolation.level=read_committed;
+reader of each remote topic has every record A holds (or gives up after CATCH_UP_S),
+and reads each remote topic from the beginning with isolation.level=read_committed;
 `count` gives, per partition, the records lost, duplicated and out of order, against
 what A holds. Acknowledged records that A does not hold, or holds twice, are the
 source's fault, not mm2py's: the report names them (`Outcome.source_faults`), with the
@@ -70,7 +76,6 @@ from tests.kafka_helpers import LiveProducer, create_topic, read_all
 
 Mode = Literal["at-least-once", "exactly-once"]
 MODES: tuple[Mode, ...] = ("at-least-once", "exactly-once")
-FLOW = "A->B"
 PARTITIONS = 8
 TASKS = 4
 NODES = 3
@@ -112,6 +117,37 @@ SUITE = Shape(node_kills=4, gap_s=(2.0, 4.0), source_stop_s=12.0, tail_s=3.0)
 # After the producer stops: tasks that moved in the last faults start again from their
 # progress, open transactions are aborted by their next owner.
 CATCH_UP_S = 120.0
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One flow of the scenario: `topic` on cluster A, under the alias `source`, copied to
+    B with the copier `copy_mode` chooses (``replication.copy.mode``; None: the key
+    unset)."""
+
+    source: str
+    topic: str
+    copy_mode: str | None = None
+
+    @property
+    def flow(self) -> str:
+        return f"{self.source}->B"
+
+    @property
+    def remote(self) -> str:
+        return f"{self.source}.{self.topic}"
+
+    def describe(self) -> str:
+        return f"{self.flow} ({self.copy_mode or 'default'} copy mode)"
+
+
+def copies(topic: str, copy_modes: Sequence[str | None]) -> list[Copy]:
+    """The scenario's flows, one per copy mode (pure): the first copies `topic` as A->B,
+    the n-th `<topic>-<n>` from alias `A<n>` of the same cluster."""
+    return [
+        Copy("A", topic, mode) if n == 0 else Copy(f"A{n}", f"{topic}-{n}", mode)
+        for n, mode in enumerate(copy_modes)
+    ]
 
 
 class ScenarioError(AssertionError):
@@ -280,8 +316,11 @@ class Nodes:
     failure it reports) ends the scenario.
     """
 
-    def __init__(self, config: Path, count: int, note: Callable[[str], None]) -> None:
+    def __init__(
+        self, config: Path, count: int, flows: Sequence[str], note: Callable[[str], None]
+    ) -> None:
         self.config = config
+        self.flows = flows
         self.slots: list[RunningDaemon] = []
         self.count = count
         self.note = note
@@ -360,26 +399,29 @@ class Nodes:
         self.slots[slot] = self._start()
         return self.slots[slot]
 
-    def running_tasks(self, skip: RunningDaemon | None = None) -> dict[int, RunningDaemon]:
-        """task -> the node whose status shows it RUNNING now (nodes not answering,
-        and `skip`, left out)."""
-        out: dict[int, RunningDaemon] = {}
+    def running_tasks(
+        self, skip: RunningDaemon | None = None
+    ) -> dict[tuple[str, int], RunningDaemon]:
+        """(flow, task) -> the node whose status shows it RUNNING now (nodes not
+        answering, and `skip`, left out)."""
+        out: dict[tuple[str, int], RunningDaemon] = {}
         for node in self.slots:
             if node is skip or node.proc.poll() is not None:
                 continue
-            try:
-                parts = node.status_json(FLOW)["parts"]
-            except (OSError, ValueError, KeyError):
-                continue
-            for part in parts:
-                if part.get("part") == "source" and part.get("state") == "RUNNING":
-                    out[int(part["task"])] = node
+            for flow in self.flows:
+                try:
+                    parts = node.status_json(flow)["parts"]
+                except (OSError, ValueError, KeyError):
+                    continue
+                for part in parts:
+                    if part.get("part") == "source" and part.get("state") == "RUNNING":
+                        out[flow, int(part["task"])] = node
         return out
 
 
-def _flow_status(node: RunningDaemon) -> str:
+def _flow_status(node: RunningDaemon, flow: str) -> str:
     try:
-        return json.dumps(node.status_json(FLOW))
+        return json.dumps(node.status_json(flow))
     except (OSError, ValueError) as error:
         return f"(no status: {error})"
 
@@ -423,13 +465,14 @@ def kill_broker(kafka: LocalKafka, alias: str) -> None:
 
 @dataclass
 class Outcome:
-    """What one run of the scenario did and found."""
+    """What one copier of a run of the scenario found. The run's plan, timeline, node
+    crashes and seconds are every copier's: its outcomes share them."""
 
     mode: Mode
     seed: int
     faults: list[Fault]
+    copy: Copy
     shape: Shape = ISSUE_12
-    copy_mode: str | None = None  # replication.copy.mode, when the scenario sets it
     seconds: float = 0.0
     per_partition: dict[int, Counts] = field(default_factory=dict)
     timeline: list[str] = field(default_factory=list)
@@ -447,50 +490,80 @@ class Outcome:
             out = out + counts
         return out
 
-    def report(self) -> str:
-        """The seed, what happened when, and the counts per partition (for failures)."""
+    def counts(self) -> list[str]:
+        """This copier's lines of a report: its totals and counts per partition."""
         t = self.total
-        lines = [
-            f"fault scenario, {self.mode}"
-            + (f", replication.copy.mode = {self.copy_mode}" if self.copy_mode else "")
-            + f", seed {self.seed} (MM2PY_FAULTS_SEED={self.seed} "
-            f"repeats the plan), {self.seconds:.0f} s; caught up: {self.caught_up}",
-            "  plan: " + "; ".join(f.describe() for f in self.faults),
-            *(f"  {line}" for line in self.timeline),
-            f"  total: produced {t.produced}, copied {t.copied}, lost {t.lost}, duplicated "
-            f"{t.duplicated}, out of order {t.out_of_order}, foreign {t.foreign}; "
-            f"node crashes: {len(self.crashes)}",
-            *(f"  crash: {crash}" for crash in self.crashes),
-            *(f"  copied at-least-once, not exactly-once: {log}" for log in self.fell_back),
+        return [
+            f"  {self.copy.describe()}, {self.copy.remote}: caught up: {self.caught_up}; "
+            f"produced {t.produced}, copied {t.copied}, lost {t.lost}, duplicated "
+            f"{t.duplicated}, out of order {t.out_of_order}, foreign {t.foreign}",
+            *(f"    copied at-least-once, not exactly-once: {log}" for log in self.fell_back),
             *(
-                f"  A's own fault, not mm2py's: partition {p} {'; '.join(faults)}"
+                f"    A's own fault, not mm2py's: {self.copy.topic} partition {p} "
+                f"{'; '.join(faults)}"
                 for p, faults in sorted(self.source_faults.items())
             ),
-            *(f"  partition {p}: {c}" for p, c in sorted(self.per_partition.items())),
+            *(f"    partition {p}: {c}" for p, c in sorted(self.per_partition.items())),
         ]
-        return "\n".join(lines)
+
+    def report(self) -> str:
+        """The seed, what happened when, and the counts per partition (for failures)."""
+        return report([self])
+
+
+def report(outcomes: Sequence[Outcome]) -> str:
+    """A run's seed, plan and timeline, its node crashes, and each copier's counts (for
+    failures)."""
+    run = outcomes[0]
+    copiers = ", ".join(o.copy.describe() for o in outcomes)
+    return "\n".join(
+        [
+            f"fault scenario, {run.mode}, {copiers}, seed {run.seed} "
+            f"(MM2PY_FAULTS_SEED={run.seed} repeats the plan), {run.seconds:.0f} s",
+            "  plan: " + "; ".join(f.describe() for f in run.faults),
+            *(f"  {line}" for line in run.timeline),
+            f"  node crashes: {len(run.crashes)}",
+            *(f"  crash: {crash}" for crash in run.crashes),
+            *(line for outcome in outcomes for line in outcome.counts()),
+        ]
+    )
 
 
 def _config(
-    workdir: Path, a: LocalCluster, b: LocalCluster, topic: str, mode: Mode, copy_mode: str | None
+    workdir: Path, a: LocalCluster, b: LocalCluster, flows: Sequence[Copy], mode: Mode
 ) -> Path:
+    """One config for every flow: the first (A->B) as mm2_properties makes it, each further
+    one from its own alias of A with its own topic; no flow or heartbeats between the
+    aliases of A, or back from B."""
     extra = {"tasks.max": str(TASKS)}
     if mode == "exactly-once":
         extra[f"{b.alias}.exactly.once.source.support"] = "enabled"
-    if copy_mode is not None:
-        extra["replication.copy.mode"] = copy_mode
+    sources = [c.source for c in flows]
+    extra["clusters"] = ", ".join([*sources, b.alias])
+    for one in sources:
+        for other in [*sources, b.alias]:
+            if other != one:
+                extra[f"{other}->{one}.enabled"] = "false"
+                extra[f"{other}->{one}.emit.heartbeats.enabled"] = "false"
+    for copy in flows:
+        if copy.source != a.alias:
+            extra[f"{copy.source}.bootstrap.servers"] = a.bootstrap_servers
+            extra[f"{copy.flow}.enabled"] = "true"
+            extra[f"{copy.flow}.topics"] = copy.topic
+        if copy.copy_mode is not None:
+            extra[f"{copy.flow}.replication.copy.mode"] = copy.copy_mode
     path = workdir / f"faults-{mode}.properties"
-    path.write_text(mm2_properties(a, b, topic, **extra))
+    path.write_text(mm2_properties(a, b, flows[0].topic, **extra))
     return path
 
 
 class _Clock:
-    def __init__(self, outcome: Outcome) -> None:
-        self.outcome = outcome
+    def __init__(self, timeline: list[str]) -> None:
+        self.timeline = timeline
         self.started = time.monotonic()
 
     def note(self, what: str) -> None:
-        self.outcome.timeline.append(f"{time.monotonic() - self.started:6.1f} s  {what}")
+        self.timeline.append(f"{time.monotonic() - self.started:6.1f} s  {what}")
 
 
 def _read_copies(b: LocalCluster, remote: str) -> dict[int, list[int | None]]:
@@ -557,30 +630,36 @@ def run_scenario(
     seed: int = SEED,
     log: Callable[[str], None] = lambda _line: None,
     shape: Shape = ISSUE_12,
-    copy_mode: str | None = None,
-) -> Outcome:
+    copy_modes: Sequence[str | None] = (None,),
+) -> list[Outcome]:
     """Run the scenario on `kafka`'s clusters A and B (running), with the faults `shape`
-    gives; return what it found.
+    gives, one flow per copy mode (`copies`: ``replication.copy.mode``, None the
+    default); return what each found, in that order.
 
-    `copy_mode` sets ``replication.copy.mode`` (None: the default).
-    Raises ScenarioError if it could not run as planned; the outcome's report is then
+    Raises ScenarioError if it could not run as planned; the outcomes' report is then
     part of the message.
     """
     a, b = kafka.cluster("A"), kafka.cluster("B")
     faults = plan(seed, shape)
-    outcome = Outcome(mode, seed, faults, shape, copy_mode)
-    clock = _Clock(outcome)
+    timeline: list[str] = []
+    crashes: list[str] = []
+    outcomes = [
+        Outcome(mode, seed, faults, copy, shape, timeline=timeline, crashes=crashes)
+        for copy in copies(topic, copy_modes)
+    ]
+    clock = _Clock(timeline)
 
     def note(what: str) -> None:
         clock.note(what)
-        log(outcome.timeline[-1])
+        log(timeline[-1])
 
     try:
-        _run(kafka, a, b, workdir, topic, mode, outcome, note)
+        _run(kafka, a, b, workdir, outcomes, note)
     except BaseException as error:
-        outcome.seconds = time.monotonic() - clock.started
+        for outcome in outcomes:
+            outcome.seconds = time.monotonic() - clock.started
         if isinstance(error, ScenarioError | KafkaException):
-            raise ScenarioError(f"{error}\n{outcome.report()}") from error
+            raise ScenarioError(f"{error}\n{report(outcomes)}") from error
         raise
     finally:
         for alias in ("A", "B"):  # later tests share the clusters
@@ -590,8 +669,9 @@ def run_scenario(
                     os.killpg(pid, signal.SIGCONT)
             else:
                 kafka.start(alias)
-    outcome.seconds = time.monotonic() - clock.started
-    return outcome
+    for outcome in outcomes:
+        outcome.seconds = time.monotonic() - clock.started
+    return outcomes
 
 
 def _run(
@@ -599,36 +679,40 @@ def _run(
     a: LocalCluster,
     b: LocalCluster,
     workdir: Path,
-    topic: str,
-    mode: Mode,
-    outcome: Outcome,
+    outcomes: list[Outcome],
     note: Callable[[str], None],
 ) -> None:
-    remote = f"{a.alias}.{topic}"
-    rng = random.Random(outcome.seed)  # the zombie's pick among the nodes running tasks
-    create_topic(a, topic, PARTITIONS)
-    config = _config(workdir, a, b, topic, mode, outcome.copy_mode)
+    run = outcomes[0]
+    flows = [o.copy for o in outcomes]
+    tasks = TASKS * len(flows)
+    rng = random.Random(run.seed)  # the zombie's pick among the nodes running tasks
+    for copy in flows:
+        create_topic(a, copy.topic, PARTITIONS)
+    config = _config(workdir, a, b, flows, run.mode)
     with (
-        LiveProducer(a, {topic: PARTITIONS}, RATE) as producer,
-        Nodes(config, NODES, note) as nodes,
+        LiveProducer(a, {c.topic: PARTITIONS for c in flows}, RATE * len(flows)) as producer,
+        Nodes(config, NODES, [c.flow for c in flows], note) as nodes,
     ):
-        outcome.crashes = nodes.crashes
-        note(f"{NODES} nodes started, tasks.max {TASKS}, {mode}; producing {RATE:.0f} records/s")
-        if not _wait(lambda: len(nodes.running_tasks()) == TASKS, START_TIMEOUT, nodes.check):
+        nodes.crashes = run.crashes  # every outcome's
+        note(
+            f"{NODES} nodes started, {len(flows)} flow(s) of tasks.max {TASKS}, {run.mode}; "
+            f"producing {RATE:.0f} records/s a topic"
+        )
+        if not _wait(lambda: len(nodes.running_tasks()) == tasks, START_TIMEOUT, nodes.check):
             raise ScenarioError(
-                f"the {NODES} nodes did not run the flow's {TASKS} tasks within "
+                f"the {NODES} nodes did not run the flows' {tasks} tasks within "
                 f"{START_TIMEOUT:.0f} s; statuses: "
-                + "; ".join(_flow_status(n) for n in nodes.slots)
+                + "; ".join(_flow_status(n, c.flow) for n in nodes.slots for c in flows)
             )
         note("every task RUNNING")
-        for fault in outcome.faults:
+        for fault in run.faults:
             time.sleep(fault.gap_s)
             nodes.check()
             if fault.kind == "kill-node":
                 pid = nodes.slots[fault.node].proc.pid
-                tasks = sorted(t for t, n in nodes.running_tasks().items() if n.proc.pid == pid)
+                mine = sorted(t for t, n in nodes.running_tasks().items() if n.proc.pid == pid)
                 nodes.kill(fault.node)
-                note(f"kill -9 of node {fault.node} (pid {pid}, running tasks {tasks})")
+                note(f"kill -9 of node {fault.node} (pid {pid}, running tasks {_tasks(mine)})")
                 time.sleep(fault.down_s)
                 nodes.restart(fault.node)
                 note(f"node {fault.node} started again (pid {nodes.slots[fault.node].proc.pid})")
@@ -648,32 +732,53 @@ def _run(
                 note("SIGCONT of A's broker")
             else:
                 _zombie(nodes, rng, note)
-        time.sleep(outcome.shape.tail_s)  # the stream goes on after the last fault
+        time.sleep(run.shape.tail_s)  # the stream goes on after the last fault
         nodes.check()
         try:
             producer.stop()
         except AssertionError as error:
             raise ScenarioError(f"the live producer into A failed: {error}") from error
-        note(f"producer stopped: {sum(producer.sent(topic))} records")
-        held, outcome.source_faults = _source_holdings(a, topic, producer.acknowledged(topic))
-        for p, faults in sorted(outcome.source_faults.items()):
-            note(f"A's partition {p} {'; '.join(faults)}: counted against what A holds")
-        coverage = _Coverage(b, remote)
+        note(f"producer stopped: {sum(sum(producer.sent(c.topic)) for c in flows)} records")
+        held: dict[str, dict[int, list[int]]] = {}
+        for outcome in outcomes:
+            topic = outcome.copy.topic
+            held[topic], outcome.source_faults = _source_holdings(
+                a, topic, producer.acknowledged(topic)
+            )
+            for p, faults in sorted(outcome.source_faults.items()):
+                note(f"A's {topic} partition {p} {'; '.join(faults)}: counted against what A holds")
+        coverages = [_Coverage(b, c.remote) for c in flows]
         try:
-            outcome.caught_up = _wait(lambda: coverage.covers(held), CATCH_UP_S, nodes.check)
+            _wait(
+                lambda: all(
+                    [cov.covers(held[c.topic]) for cov, c in zip(coverages, flows, strict=True)]
+                ),
+                CATCH_UP_S,
+                nodes.check,
+            )
+            for outcome, coverage in zip(outcomes, coverages, strict=True):
+                outcome.caught_up = coverage.covers(held[outcome.copy.topic], 0)
         finally:
-            coverage.close()
-        note(f"target caught up: {outcome.caught_up}")
-        copies = _read_copies(b, remote)
-        outcome.per_partition = {p: count(held[p], copies[p]) for p in range(PARTITIONS)}
-        if mode == "exactly-once":
-            outcome.fell_back = nodes.at_least_once()
-        note("remote topic read (read_committed) and counted")
+            for coverage in coverages:
+                coverage.close()
+        note("target caught up: " + ", ".join(f"{o.copy.flow} {o.caught_up}" for o in outcomes))
+        for outcome in outcomes:
+            copied = _read_copies(b, outcome.copy.remote)
+            seqs = held[outcome.copy.topic]
+            outcome.per_partition = {p: count(seqs[p], copied[p]) for p in range(PARTITIONS)}
+            if run.mode == "exactly-once":
+                outcome.fell_back = nodes.at_least_once()
+        note("remote topics read (read_committed) and counted")
+
+
+def _tasks(tasks: Sequence[tuple[str, int]]) -> str:
+    """Tasks as `A->B 0, A1->B 3`, for the timeline (pure)."""
+    return ", ".join(f"{flow} {task}" for flow, task in tasks) or "none"
 
 
 def _zombie(nodes: Nodes, rng: random.Random, note: Callable[[str], None]) -> None:
     """Stop a node running tasks (and its task processes) until the others run them."""
-    running: dict[int, RunningDaemon] = {}
+    running: dict[tuple[str, int], RunningDaemon] = {}
 
     def some_running() -> bool:
         running.clear()
@@ -690,7 +795,10 @@ def _zombie(nodes: Nodes, rng: random.Random, note: Callable[[str], None]) -> No
     tree = process_tree(pid)
     with _continued(tree):
         stopped = time.monotonic()
-        note(f"SIGSTOP of node pid {pid} and its processes {tree[1:]} (running tasks {tasks})")
+        note(
+            f"SIGSTOP of node pid {pid} and its processes {tree[1:]} "
+            f"(running tasks {_tasks(tasks)})"
+        )
         # The others run its tasks only once its session has expired.
         moved = _wait(
             lambda: set(tasks) <= set(nodes.running_tasks(skip=zombie)),
@@ -698,7 +806,7 @@ def _zombie(nodes: Nodes, rng: random.Random, note: Callable[[str], None]) -> No
             nodes.check,
         )
         note(
-            f"tasks {tasks} RUNNING on other nodes: {moved}, "
+            f"tasks {_tasks(tasks)} RUNNING on other nodes: {moved}, "
             f"{time.monotonic() - stopped:.1f} s after the SIGSTOP"
         )
     note(f"SIGCONT of node pid {pid}: a zombie")

@@ -1,12 +1,27 @@
-"""The fault scenario's pure parts (tests/faults_scenario.py): its plan and its counts."""
+"""The fault scenario's pure parts (tests/faults_scenario.py): its plan, its flows, its
+config and its counts."""
 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
-from tests.faults_scenario import SUITE, Counts, count, plan, sequence_of, source_faults
+from mm2py.config.loader import load_config
+from mm2py.dev.launcher import LocalCluster
+from tests.faults_scenario import (
+    SUITE,
+    TASKS,
+    Copy,
+    Counts,
+    _config,
+    copies,
+    count,
+    plan,
+    sequence_of,
+    source_faults,
+)
 
 
 def test_a_copy_of_every_record_once_in_order_is_exact() -> None:
@@ -110,3 +125,28 @@ def test_the_suites_plan_has_every_fault_once_four_node_kills_closer_together() 
     }
     assert all(2.0 <= f.gap_s <= 4.0 for f in faults)
     assert [f.down_s for f in faults if f.kind == "stop-source-broker"] == [12.0]
+
+
+def test_each_further_copier_copies_a_topic_of_its_own_from_another_alias_of_a() -> None:
+    assert copies("t", [None, "record"]) == [Copy("A", "t", None), Copy("A1", "t-1", "record")]
+    assert [c.remote for c in copies("t", [None, "record"])] == ["A.t", "A1.t-1"]
+    assert copies("t", [None]) == [Copy("A", "t", None)]
+
+
+def test_the_config_runs_one_flow_per_copier_and_nothing_else(tmp_path: Path) -> None:
+    a = LocalCluster("A", 19092, False, tmp_path / "A")
+    b = LocalCluster("B", 19192, False, tmp_path / "B")
+    flows = copies("t", [None, "record"])
+    config = load_config(_config(tmp_path, a, b, flows, "exactly-once"))
+    enabled = {f.name: f for f in config.flows if f.enabled}
+    assert sorted(enabled) == ["A->B", "A1->B"]
+    # The aliases of A are one cluster; each flow copies only its own topic.
+    assert config.clusters["A1"].bootstrap_servers == a.bootstrap_servers
+    assert enabled["A->B"].settings.topics == ["t"]
+    assert enabled["A1->B"].settings.topics == ["t-1"]
+    assert enabled["A->B"].settings.replication_copy_mode == "auto"
+    assert enabled["A1->B"].settings.replication_copy_mode == "record"
+    assert all(f.settings.tasks_max == TASKS for f in enabled.values())
+    # No heartbeats between the aliases of A or back from B.
+    emitting = {f.name for f in config.flows if f.heartbeats_enabled}
+    assert emitting == {"A->B", "A1->B"}
