@@ -60,7 +60,7 @@ from mm2py.config.models import (
     parse_list,
 )
 from mm2py.config.properties import decode, parse_properties
-from mm2py.config.unsupported import MM2_ONLY, NOT_HONOURED
+from mm2py.config.unsupported import CONNECT_WORKER_ONLY, MM2_ONLY, NOT_HONOURED
 from mm2py.config.yaml_loader import parse_yaml
 
 log = logging.getLogger(__name__)
@@ -248,6 +248,8 @@ class _Builder:
             self.check_class(key, key, value)
         elif key in EXACTLY_ONCE_KEYS:
             self.set_exactly_once("", key, key, value)
+        elif key in CONNECT_WORKER_ONLY:
+            self.places.setdefault(key, []).append((key, value))  # noted: note_unused
         elif alias := self.alias_prefix(key):
             self.sort_cluster_key(alias, key[len(alias) + 1 :], value)
         elif _is_common_client_key(key):
@@ -298,6 +300,8 @@ class _Builder:
             raw.roles[role][sub[len(role) + 1 :]] = _client_value(value)
         elif sub in WORKER_KEYS:
             raw.worker[sub] = value
+            self.places.setdefault(sub, []).append((f"{alias}.{sub}", value))
+        elif sub in CONNECT_WORKER_ONLY:
             self.places.setdefault(sub, []).append((f"{alias}.{sub}", value))
         elif sub in (SUPPORT_KEY, LEVEL_KEY):
             # MM2's documented form: B.exactly.once.source.support for flows into B.
@@ -438,8 +442,9 @@ class _Builder:
             if shown:
                 self.notes[(logging.WARNING, reason)] = shown
         for key, reason in MM2_ONLY.items():
-            if key in self.places:
-                self.notes[(logging.INFO, reason)] = [where for where, _ in self.places[key]]
+            if key in self.places:  # keys with one reason share its line
+                where = [shown for shown, _ in self.places[key]]
+                self.notes.setdefault((logging.INFO, reason), []).extend(where)
 
     def validate_settings(self, values: dict[str, object], shown: dict[str, str]) -> FlowSettings:
         try:

@@ -87,6 +87,30 @@ def test_mm2s_own_topic_keys_are_noted_at_info(
     ]
 
 
+def test_connect_worker_keys_mm2_uses_are_noted_at_info_not_guessed_at(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # MM2's worker takes them at the top or under the target's prefix; before, they were
+    # an "unknown key" or "not a librdkafka client property (did you mean
+    # B.topic.metadata.refresh.interval.ms?)".
+    text = (
+        BASE
+        + "plugin.discovery = service_load\nB.plugin.discovery = service_load\n"
+        + "B.offset.flush.interval.ms = 1000\noffset.flush.timeout.ms = 5000\n"
+    )
+    with caplog.at_level(logging.INFO):
+        path, config = load(tmp_path, text)
+    assert lines(caplog) == []
+    assert lines(caplog, logging.INFO) == [
+        f"{path}: B.offset.flush.interval.ms, offset.flush.timeout.ms: ignored: mm2py records"
+        " progress every second, or in each transaction exactly-once (Connect's offset flush)",
+        f"{path}: plugin.discovery, B.plugin.discovery: ignored: mm2py loads no Connect plug-ins",
+    ]
+    # Not passed to librdkafka either.
+    assert "plugin.discovery" not in config.cluster("B").properties
+    assert "offset.flush.interval.ms" not in config.cluster("B").properties
+
+
 # --- keys others wire in: typed, with MM2's defaults ---
 
 
