@@ -25,23 +25,16 @@ NOT_HONOURED = {
 # flushes, its plug-in loading); kept in files shared with MM2 (configs/mm2.properties),
 # at the top or under the target cluster's prefix (MirrorMakerConfig.workerConfig), so
 # said at INFO level: nothing the user asked for is lost.
+_OFFSET_FLUSH = (
+    "ignored: mm2py records progress every second, or in each transaction exactly-once"
+    " (Connect's offset flush)"
+)
+_PLUGINS = "ignored: mm2py loads no Connect plug-ins"
 MM2_ONLY = {
     "config.storage.replication.factor": "ignored: mm2py has no Connect config topic (MM2's)",
     "status.storage.replication.factor": "ignored: mm2py has no Connect status topic (MM2's)",
-    "offset.flush.interval.ms": (
-        "ignored: mm2py records progress every second, or in each transaction exactly-once"
-        " (Connect's offset flush)"
-    ),
-    "offset.flush.timeout.ms": (
-        "ignored: mm2py records progress every second, or in each transaction exactly-once"
-        " (Connect's offset flush)"
-    ),
-    "plugin.discovery": "ignored: mm2py loads no Connect plug-ins",
-    "plugin.path": "ignored: mm2py loads no Connect plug-ins",
-}
-# The ones mm2py has no setting for at all: the loader takes them here, not as unknown
-# keys or client properties.
-CONNECT_WORKER_ONLY = frozenset(MM2_ONLY) - {
-    "config.storage.replication.factor",
-    "status.storage.replication.factor",
+    "offset.flush.interval.ms": _OFFSET_FLUSH,
+    "offset.flush.timeout.ms": _OFFSET_FLUSH,
+    "plugin.discovery": _PLUGINS,
+    "plugin.path": _PLUGINS,
 }
