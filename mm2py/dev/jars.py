@@ -116,6 +116,7 @@ def java_command(
     logs_dir: Path | None = None,
     gc_log: bool = False,
     options: Sequence[str] = (),
+    args_file: Path | None = None,
 ) -> list[str]:
     """The command line that runs `main_class` from the cached jars, with a heap of at
     most `heap` (committed at start: `initial_heap`), Kafka's JVM options, the jars'
@@ -124,6 +125,11 @@ def java_command(
     log4j writes to `<logs_dir>/server.log` (default: the cache's logs folder); with
     `gc_log`, the JVM logs its collections to `<logs_dir>/gc.log`, as kafka-server-start
     does (one line a pause, with its length).
+
+    With `args_file`, `main_class` and `args` are written to that file (readable by its
+    owner only) and the command line names the file instead, as `@<file>`, which the
+    java launcher expands: for arguments that hold secrets, which the process list
+    would otherwise show to every user of the machine. The caller removes the file.
     """
     logs = logs_dir or cache_root() / "logs"
     java = shutil.which("java")
@@ -134,6 +140,9 @@ def java_command(
     gc = [f"-Xlog:gc:file={logs / 'gc.log'}:time,uptime:filecount=2,filesize=20M"] if gc_log else []
     archive = class_archive()
     shared = [f"-XX:SharedArchiveFile={archive}"] if archive.exists() else []
+    launch = [main_class, *args]
+    if args_file is not None:
+        launch = [f"@{_write_args_file(args_file, launch)}"]
     return [
         java,
         f"-Xmx{heap}",
@@ -147,9 +156,19 @@ def java_command(
         f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
         "-cp",
         classpath(),
-        main_class,
-        *args,
+        *launch,
     ]
+
+
+def _write_args_file(path: Path, args: Sequence[str]) -> Path:
+    """Write `args` as a java launcher argument file, one quoted argument a line."""
+    if any(c in arg for arg in args for c in '"\\\n\r'):
+        # Not shown: the argument may be the secret the file is for.
+        raise ValueError(f"an argument for {path} holds a quote, backslash or line break")
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text("".join(f'"{arg}"\n' for arg in args))
+    return path
 
 
 def spawn_java(

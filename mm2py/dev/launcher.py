@@ -368,14 +368,23 @@ class LocalKafka:
         args = ["format", "-t", _cluster_id(), "-c", str(props), "--standalone"]
         for user, password in cluster.users.items():
             args += ["--add-scram", f"{SCRAM_MECHANISM}=[name={user},password={password}]"]
-        done = subprocess.run(
-            java_command(
-                "kafka.tools.StorageTool", *args, heap="256m", logs_dir=cluster.home / "logs"
-            ),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        # The SCRAM passwords go in an argument file, not on the process list.
+        args_file = cluster.home / "format.args"
+        try:
+            done = subprocess.run(
+                java_command(
+                    "kafka.tools.StorageTool",
+                    *args,
+                    heap="256m",
+                    logs_dir=cluster.home / "logs",
+                    args_file=args_file,
+                ),
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        finally:
+            args_file.unlink(missing_ok=True)
         if done.returncode != 0:
             raise LocalClusterError(
                 f"formatting storage of cluster {cluster.alias} failed: {done.stdout}{done.stderr}"
