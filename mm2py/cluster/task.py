@@ -319,7 +319,10 @@ def spare_main(conn: Connection) -> None:
     by closing the pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    parent = os.getppid()
     _die_with_parent()
+    if os.getppid() != parent:  # the server died before the request took hold
+        os._exit(1)
     # The server imported it (TASK_PRELOAD), and ignored an error doing so: the error, if
     # any, shows here.
     import mm2py.parts.source  # noqa: F401
@@ -491,13 +494,8 @@ def task_main(
     log_level: str,
     log_format: logs.LogFormat,
 ) -> None:
-    """The task process: copy the slot's partitions until the node says stop."""
-    parent = os.getppid()
-    _die_with_parent()
-    if os.getppid() != parent:  # the server died before the request took hold
-        os._exit(1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """The task process (the spare it was, see `spare_main`): copy the slot's partitions
+    until the node says stop."""
     logs.configure(log_level, log_format)
     logs.set_context(flow=flow.name, part=f"source task {slot.id}")
     from mm2py.parts.source import SourcePart  # the copy loop loads in the task only
