@@ -252,7 +252,7 @@ class _Builder:
         elif key in EXACTLY_ONCE_KEYS:
             self.set_exactly_once("", key, key, value)
         elif key in CONNECT_WORKER_ONLY:
-            self.places.setdefault(key, []).append((key, value))  # noted: note_unused
+            self.place(key, key, value)  # noted: note_unused
         elif alias := self.alias_prefix(key):
             self.sort_cluster_key(alias, key[len(alias) + 1 :], value)
         elif _is_common_client_key(key):
@@ -303,9 +303,9 @@ class _Builder:
             raw.roles[role][sub[len(role) + 1 :]] = _client_value(value)
         elif sub in WORKER_KEYS:
             raw.worker[sub] = value
-            self.places.setdefault(sub, []).append((f"{alias}.{sub}", value))
+            self.place(sub, f"{alias}.{sub}", value)
         elif sub in CONNECT_WORKER_ONLY:
-            self.places.setdefault(sub, []).append((f"{alias}.{sub}", value))
+            self.place(sub, f"{alias}.{sub}", value)
         elif sub in (SUPPORT_KEY, LEVEL_KEY):
             # MM2's documented form: B.exactly.once.source.support for flows into B.
             self.set_exactly_once(alias, sub, f"{alias}.{sub}", value)
@@ -338,7 +338,11 @@ class _Builder:
             into.setdefault(new, value)
         else:
             into[key] = value
-            self.places.setdefault(key, []).append((shown, value))
+            self.place(key, shown, value)
+
+    def place(self, key: str, shown: str, value: object) -> None:
+        """Record that `key` was set, as `shown` in the file, to `value`."""
+        self.places.setdefault(key, []).append((shown, value))
 
     def check_class(self, key: str, shown: str, value: object) -> None:
         default = _JAVA_CLASSES[key]
