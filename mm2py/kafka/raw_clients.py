@@ -9,6 +9,13 @@ protocol layer (`AIOKafkaClient.send` with Fetch v11 and Produce v7 against Kafk
   request per broker is out; `prefetch` sends the next ones and returns at once; `fetch`
   waits for an answer at most `max_wait_ms` and ANSWER_GRACE (a frozen broker's request
   stays out), so that its caller can stop.
+- Catching up (`catch_up_after`, the batch copier's CATCH_UP_AFTER): a prefetched answer
+  is read when the copier's produce is acknowledged, and records that reached the leader
+  meanwhile would wait for the next round. So an answer read that long after it came,
+  that left a partition with records at its last stable offset, is followed at once by a
+  Fetch from where the answer ends (max wait 0); what it brings within CATCH_UP_WAIT is
+  joined to the answer, one answer per partition from the position asked. One not in by
+  then stays out as the leader's Fetch, from where the answers returned end.
 - Each leader is fetched in a KIP-227 incremental fetch session (`BrokerFetchSession`):
   the first Fetch names all its partitions and creates the session; later ones name only
   partitions new to it or asked from another position than the broker holds, and forget
@@ -61,9 +68,11 @@ from mm2py.kafka import wire
 from mm2py.kafka.clients import refused_access
 from mm2py.kafka.record_batches import (
     AbortedTransaction,
+    CorruptBatchError,
     RecordBatch,
     next_sequence,
     rewrite_for_produce,
+    split_batches,
 )
 
 log = logging.getLogger(__name__)
@@ -92,6 +101,12 @@ CLOSE_TIMEOUT = 2.0
 CANCEL_GRACE = 1.0
 # A closing FetchSession waits this long (s) for its brokers to close their sessions.
 SESSION_CLOSE_WAIT = 1.0
+# An answer read this long (s) after it came is caught up (the module), and what that
+# brings within CATCH_UP_WAIT (s) is read with it. At 5,000 records/s, 5 ms is where a
+# steady round (about 4 ms) ends; over it, the records that came meanwhile would wait a
+# round more (docs/benchmarks.md, "Catching up answers that waited").
+CATCH_UP_AFTER = 0.005
+CATCH_UP_WAIT = 0.05
 # The source consumer's librdkafka keys that set a FetchSession's limits, where set.
 FETCH_KEYS = {
     "fetch.wait.max.ms": "max_wait_ms",
@@ -637,6 +652,7 @@ class FetchSession(_Session):
         alias: str | None = None,
         probe: Callable[[str, int], Awaitable[Any]] | None = None,
         incremental: bool = True,
+        catch_up_after: float | None = None,
     ) -> None:
         super().__init__(
             props,
@@ -647,12 +663,14 @@ class FetchSession(_Session):
             probe=probe,
         )
         self.incremental = incremental
+        self.catch_up_after = catch_up_after
         self.max_wait_ms = max_wait_ms
         self.min_bytes = min_bytes
         self.partition_max_bytes = partition_max_bytes
         self.max_bytes = max_bytes
-        # the request out to each leader: its task answers what it asked
-        self._out: dict[int, asyncio.Task[tuple[dict[TP, int], Any]]] = {}
+        # the request out to each leader: its task answers what it asked, the answer, and
+        # when it came (time.monotonic())
+        self._out: dict[int, asyncio.Task[tuple[dict[TP, int], Any, float]]] = {}
         # the fetch session with each leader of partitions asked
         self._sessions: dict[int, BrokerFetchSession] = {}
         self._failing_since: dict[TP, float] = {}
@@ -662,8 +680,9 @@ class FetchSession(_Session):
     def like_consumer(cls, props: Mapping[str, str], alias: str | None = None) -> FetchSession:
         """A session whose fetches wait, and take, what the record copier's consumer's
         would: the source consumer's librdkafka keys (`FETCH_KEYS`) where the
-        configuration sets them, else the consumer defaults. `alias` names the cluster
-        in `AccessRefused`."""
+        configuration sets them, else the consumer defaults; an answer that waited
+        CATCH_UP_AFTER to be read is caught up (`fetch`). `alias` names the cluster in
+        `AccessRefused`."""
         limits = {arg: int(props[key]) for key, arg in FETCH_KEYS.items() if key in props}
         return cls(
             props,
@@ -672,6 +691,7 @@ class FetchSession(_Session):
             partition_max_bytes=limits.get("partition_max_bytes", PARTITION_MAX_BYTES),
             max_bytes=limits.get("max_bytes", FETCH_MAX_BYTES),
             alias=alias,
+            catch_up_after=CATCH_UP_AFTER,
         )
 
     async def close(self) -> None:
@@ -751,9 +771,10 @@ class FetchSession(_Session):
     async def fetch(self, positions: Mapping[TP, int]) -> dict[TP, Fetched | OffsetOutOfRange]:
         """What the next answers bring for `positions`: sends what `prefetch` sends, waits
         for at least one answer (at most `max_wait_ms` and ANSWER_GRACE), and returns every
-        answer in by then. Partitions that are retrying, whose answer was for another
-        position, or that the broker left out of an incremental answer (nothing new: see
-        the module), are left out."""
+        answer in by then, caught up where it waited `catch_up_after` to be read (see the
+        module). Partitions that are retrying, whose answer was for another position, or
+        that the broker left out of an incremental answer (nothing new: see the module),
+        are left out."""
         await self.prefetch(positions)
         if not self._out:  # no leader known for any: wait for metadata
             await asyncio.sleep(RETRY_BACKOFF)
@@ -767,21 +788,85 @@ class FetchSession(_Session):
             return_when=asyncio.FIRST_COMPLETED,
         )
         results: dict[TP, Fetched | OffsetOutOfRange] = {}
-        for leader, task in list(self._out.items()):
-            if not task.done():
-                continue
-            del self._out[leader]
-            asked, response = task.result()
-            self._read(asked, response, positions, results)
+        waited = self._take(list(self._out), positions, results)
+        if waited and self.catch_up_after is not None:
+            await self._catch_up(waited, positions, results)
         self._check_deadlines(positions)
         return results
 
+    def _take(
+        self,
+        leaders: Sequence[int],
+        positions: Mapping[TP, int],
+        results: dict[TP, Fetched | OffsetOutOfRange],
+    ) -> list[int]:
+        """The answers in of `leaders`' Fetches read into `results` (`_read`, for
+        `positions`); the leaders whose answer came `catch_up_after` or longer ago."""
+        now = time.monotonic()
+        waited = []
+        for leader in leaders:
+            task = self._out[leader]
+            if not task.done():
+                continue
+            del self._out[leader]
+            asked, response, answered_at = task.result()
+            self._read(asked, response, positions, results)
+            if self.catch_up_after is not None and now - answered_at >= self.catch_up_after:
+                waited.append(leader)
+        return waited
+
+    async def _catch_up(
+        self,
+        leaders: Sequence[int],
+        positions: Mapping[TP, int],
+        results: dict[TP, Fetched | OffsetOutOfRange],
+    ) -> None:
+        """Records that came while an answer of `leaders` waited to be read: to each whose
+        answer left a partition with records caught up (at its last stable offset), a
+        Fetch from where `results` end, answered without waiting; what it brings within
+        CATCH_UP_WAIT is joined to `results`. An answer not in by then stays out, as the
+        leader's Fetch from where `results` end: the next call reads it."""
+        ends: dict[TP, tuple[Fetched, int, int]] = {}  # (answer, end offset, whole bytes)
+        for tp, result in results.items():
+            if isinstance(result, Fetched):
+                whole = _whole_batches(result)
+                if whole is not None:
+                    ends[tp] = (result, *whole)
+        if not ends:
+            return
+        ahead = {tp: ends[tp][1] if tp in ends else position for tp, position in positions.items()}
+        by_leader, _ = self.grouped(positions)
+        sent = []
+        for leader in leaders:
+            tps = by_leader.get(leader, [])
+            if leader in self._out or not any(
+                tp in ends and ends[tp][1] >= ends[tp][0].last_stable_offset for tp in tps
+            ):
+                continue
+            session = self._sessions[leader]
+            plan = session.plan({tp: ahead[tp] for tp in tps})
+            task = asyncio.ensure_future(self._request(leader, session, plan, at_once=True))
+            self._out[leader] = task
+            sent.append(leader)
+        if not sent:
+            return
+        await asyncio.wait([self._out[leader] for leader in sent], timeout=CATCH_UP_WAIT)
+        more: dict[TP, Fetched | OffsetOutOfRange] = {}
+        self._take(sent, ahead, more)  # not caught up again in this call
+        for tp, result in more.items():
+            if tp not in ends:
+                results[tp] = result  # from the position asked, newer than any before
+            elif isinstance(result, Fetched):
+                first, _, kept = ends[tp]
+                results[tp] = _joined(first, kept, result)
+
     async def _request(
-        self, leader: int, session: BrokerFetchSession, plan: FetchPlan
-    ) -> tuple[dict[TP, int], Any]:
-        """One Fetch to `leader`, as `plan` says; answers the positions its partitions are
-        fetched from, and the answer (a connection error, after a backoff)."""
-        request = self._fetch_request(plan)
+        self, leader: int, session: BrokerFetchSession, plan: FetchPlan, at_once: bool = False
+    ) -> tuple[dict[TP, int], Any, float]:
+        """One Fetch to `leader`, as `plan` says (`at_once`: answered without waiting for
+        records); answers the positions its partitions are fetched from, the answer (a
+        connection error, after a backoff), and when it came."""
+        request = self._fetch_request(plan, at_once)
         asked = plan.answers_for
         try:
             response: Any = await self._client.send(leader, request)
@@ -795,12 +880,12 @@ class FetchSession(_Session):
             # the session was evicted or out of step: the next Fetch, full, at once
             log.debug("fetch session with node %s: error %s", leader, response.error_code)
             session.failed(response.error_code)
-            return asked, response
+            return asked, response, time.monotonic()
         if not _retriable_answer(response):
             # below Fetch v7 there is no session id (and `_read` refuses the answer)
             session.answered(getattr(response, "session_id", NO_SESSION))
             self._backoff.pop(leader, None)
-            return asked, response
+            return asked, response, time.monotonic()
         session.failed()
         # a lost broker or a leader change: wait, and ask again who leads, before the
         # answer is read (and the next request to this node sent)
@@ -809,7 +894,7 @@ class FetchSession(_Session):
         log.debug("fetch from node %s: %r; retrying", leader, response)
         await asyncio.sleep(backoff)
         await self._client.force_metadata_update()
-        return asked, response
+        return asked, response, time.monotonic()
 
     def _read(
         self,
@@ -902,6 +987,31 @@ class FetchSession(_Session):
             f"still failing after {self.retry_timeout:.0f} s of retries",
             "Check the cluster's brokers and the partition's leader",
         )
+
+
+def _whole_batches(result: Fetched) -> tuple[int, int] | None:
+    """Where an answer's whole batches end (the offset after them) and their bytes; None
+    for an answer without one (or one that cannot be read: the copier says why)."""
+    try:
+        split = split_batches(result.records)
+    except CorruptBatchError:
+        return None
+    if not split.batches:
+        return None
+    return split.batches[-1].header.last_offset + 1, len(result.records) - split.truncated
+
+
+def _joined(first: Fetched, whole: int, then: Fetched) -> Fetched:
+    """`first`'s `whole` bytes of whole batches followed by `then`, fetched from where they
+    end: one answer from `first`'s position, with `then`'s watermarks."""
+    return Fetched(
+        position=first.position,
+        records=first.records[:whole] + then.records,
+        aborted=first.aborted + [a for a in then.aborted if a not in first.aborted],
+        high_watermark=then.high_watermark,
+        last_stable_offset=then.last_stable_offset,
+        log_start_offset=then.log_start_offset,
+    )
 
 
 def _retriable_answer(response: Any) -> bool:

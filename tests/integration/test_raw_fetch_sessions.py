@@ -3,7 +3,8 @@ broker: idle partitions are answered once and then left out, a partition that ge
 after many idle Fetches is answered with them, and after the broker restarts (its sessions
 gone) fetching goes on from where it was, nothing skipped. A frozen broker (one that keeps
 its connections and answers nothing) does not hold a fetch past its max wait and grace.
-Closing a FetchSession closes its session on the broker."""
+Closing a FetchSession closes its session on the broker. A prefetched answer that waited to
+be read is caught up with the records that came after it."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from mm2py.dev.launcher import LocalCluster
 from mm2py.kafka import clients
 from mm2py.kafka.raw_clients import (
     ANSWER_GRACE,
+    CATCH_UP_AFTER,
     FETCH_SESSION_ID_NOT_FOUND,
     NO_SESSION,
     Fetched,
@@ -201,3 +203,58 @@ def test_closing_a_fetch_session_closes_its_session_on_the_broker(
     closed, unknown = asyncio.run(scenario())
     assert unknown == FETCH_SESSION_ID_NOT_FOUND  # what the broker answers for no session
     assert closed == FETCH_SESSION_ID_NOT_FOUND
+
+
+@pytest.mark.parametrize("catch_up_after", [CATCH_UP_AFTER, None], ids=["caught-up", "as-is"])
+def test_an_answer_that_waited_is_caught_up_with_the_records_after_it(
+    cluster_a: LocalCluster, unique: str, catch_up_after: float | None
+) -> None:
+    """A copier's round: the next Fetch goes out with its produce and is answered while
+    the produce waits; records that reach the leader after that answer come with it
+    when it is read (caught up), not a round later (as-is)."""
+    topic = unique
+    create_topic(cluster_a, topic, 1)
+    tp = (topic, 0)
+    _produce(cluster_a, topic, 0, 5)
+
+    def offsets(answer: Fetched) -> list[int]:
+        return [
+            offset
+            for batch in split_batches(answer.records).batches
+            for offset in range(batch.header.base_offset, batch.header.last_offset + 1)
+        ]
+
+    async def scenario() -> Fetched:
+        session = FetchSession(
+            cluster_a.client_properties(), max_wait_ms=5000, catch_up_after=catch_up_after
+        )
+        await session.open()
+        try:
+            first = None
+            deadline = time.monotonic() + 30
+            while first is None:  # until the leader is known and has answered
+                assert time.monotonic() < deadline
+                first = (await session.fetch({tp: 0})).get(tp)
+            assert isinstance(first, Fetched) and offsets(first) == list(range(5))
+            await session.prefetch({tp: 5})  # out while the round's produce waits
+            (out,) = session._out.values()
+            await asyncio.to_thread(_produce, cluster_a, topic, 0, 3)
+            # the loop runs, as it does while a produce waits, until the answer is in
+            await asyncio.wait_for(asyncio.shield(out), 30)
+            await asyncio.to_thread(_produce, cluster_a, topic, 0, 4)  # after the answer
+            await asyncio.sleep(2 * CATCH_UP_AFTER)
+            answer = (await session.fetch({tp: 5}))[tp]
+            assert isinstance(answer, Fetched)
+            return answer
+        finally:
+            await session.close()
+
+    answer = asyncio.run(scenario())
+    assert answer.position == 5
+    got = offsets(answer)
+    if catch_up_after is None:
+        # the answer as it came: some of the three records before it, none after
+        assert got and got == list(range(5, 5 + len(got))) and got[-1] <= 7
+    else:
+        assert got == list(range(5, 12))
+        assert answer.high_watermark == 12

@@ -5,6 +5,7 @@ errors that stay with their partition."""
 from __future__ import annotations
 
 import asyncio
+import struct
 import threading
 import time
 from types import SimpleNamespace
@@ -25,8 +26,10 @@ from mm2py.kafka.raw_clients import (
     RawCopyClients,
     RawLoop,
     RawPartitionError,
+    _joined,
+    _whole_batches,
 )
-from mm2py.kafka.record_batches import split_batches
+from mm2py.kafka.record_batches import AbortedTransaction, split_batches
 from tests.unit.kafka.test_raw_partition import batches
 
 NOT_LEADER = 6
@@ -316,3 +319,50 @@ def test_the_loop_runs_on_its_callers_thread_and_what_a_call_leaves_out_goes_on_
     finally:
         loop.stop()
     assert forgotten.cancelled()
+
+
+def batch_at(offset: int) -> bytes:
+    """A batch of three records whose base offset is `offset` (the base offset is outside
+    the batch's CRC, which covers what follows the attributes' offset)."""
+    return struct.pack(">q", offset) + batches(1)[0].data[8:]
+
+
+def test_an_answer_is_joined_with_what_came_after_its_whole_batches() -> None:
+    whole = batch_at(0) + batch_at(3)
+    first = Fetched(
+        position=0,
+        records=whole + batch_at(6)[:20],  # the answer's size limit cut its last batch
+        aborted=[AbortedTransaction(7, 1)],
+        high_watermark=9,
+        last_stable_offset=9,
+        log_start_offset=0,
+    )
+    assert _whole_batches(first) == (6, len(whole))
+    then = Fetched(
+        position=6,
+        records=batch_at(6) + batch_at(9),
+        aborted=[AbortedTransaction(7, 1), AbortedTransaction(8, 9)],
+        high_watermark=14,
+        last_stable_offset=12,
+        log_start_offset=2,
+    )
+    joined = _joined(first, len(whole), then)
+    split = split_batches(joined.records)
+    assert [b.header.base_offset for b in split.batches] == [0, 3, 6, 9]
+    assert split.truncated == 0
+    assert joined.position == 0
+    assert joined.aborted == [AbortedTransaction(7, 1), AbortedTransaction(8, 9)]
+    assert (joined.high_watermark, joined.last_stable_offset, joined.log_start_offset) == (
+        14,
+        12,
+        2,
+    )
+
+
+def test_an_answer_without_a_whole_batch_has_no_end_to_catch_up_from() -> None:
+    def answer(records: bytes) -> Fetched:
+        return Fetched(0, records, [], 5, 5, 0)
+
+    assert _whole_batches(answer(b"")) is None
+    assert _whole_batches(answer(batch_at(0)[:30])) is None  # cut short
+    assert _whole_batches(answer(struct.pack(">qi", 0, -4))) is None  # unreadable
