@@ -7,7 +7,8 @@ loop, run on that thread: mm2py.kafka.raw_clients) for all its partitions:
 - Each round fetches every assigned partition from its position (after its progress, else
   its log start) at read_committed, one Fetch per source leader, and `classify`s the
   batches (mm2py.kafka.record_batches). The next round's Fetch goes out before this
-  round's batches are produced; its answers are used only after they are acknowledged.
+  round's batches are produced; its answers are used only after they are acknowledged,
+  caught up with what reached the source while they waited (`FetchSession`).
 - PASS batches go, in order, to the same partition of the remote topic through the one
   idempotent producer (batches of several partitions share a Produce), which answers with
   each batch's target base offset. Runs of small uncompressed batches go merged, one
