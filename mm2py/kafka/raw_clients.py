@@ -653,6 +653,7 @@ class FetchSession(_Session):
         probe: Callable[[str, int], Awaitable[Any]] | None = None,
         incremental: bool = True,
         catch_up_after: float | None = None,
+        catch_up_wait: float = CATCH_UP_WAIT,
     ) -> None:
         super().__init__(
             props,
@@ -664,6 +665,7 @@ class FetchSession(_Session):
         )
         self.incremental = incremental
         self.catch_up_after = catch_up_after
+        self.catch_up_wait = catch_up_wait
         self.max_wait_ms = max_wait_ms
         self.min_bytes = min_bytes
         self.partition_max_bytes = partition_max_bytes
@@ -824,7 +826,7 @@ class FetchSession(_Session):
         """Records that came while an answer of `leaders` waited to be read: to each whose
         answer left a partition with records caught up (at its last stable offset), a
         Fetch from where `results` end, answered without waiting; what it brings within
-        CATCH_UP_WAIT is joined to `results`. An answer not in by then stays out, as the
+        `catch_up_wait` is joined to `results`. An answer not in by then stays out, as the
         leader's Fetch from where `results` end: the next call reads it."""
         ends: dict[TP, tuple[Fetched, int, int]] = {}  # (answer, end offset, whole bytes)
         for tp, result in results.items():
@@ -850,7 +852,7 @@ class FetchSession(_Session):
             sent.append(leader)
         if not sent:
             return
-        await asyncio.wait([self._out[leader] for leader in sent], timeout=CATCH_UP_WAIT)
+        await asyncio.wait([self._out[leader] for leader in sent], timeout=self.catch_up_wait)
         more: dict[TP, Fetched | OffsetOutOfRange] = {}
         self._take(sent, ahead, more)  # not caught up again in this call
         for tp, result in more.items():
