@@ -791,7 +791,7 @@ class FetchSession(_Session):
         )
         results: dict[TP, Fetched | OffsetOutOfRange] = {}
         waited = self._take(list(self._out), positions, results)
-        if waited and self.catch_up_after is not None:
+        if waited:  # only with catch_up_after set
             await self._catch_up(waited, positions, results)
         self._check_deadlines(positions)
         return results
