@@ -28,7 +28,10 @@ protocol layer (`AIOKafkaClient.send` with Fetch v11 and Produce v7 against Kafk
 - `IdempotentProduceSession` (target): one producer id; a sequence per partition. Several
   partitions' batches go in one Produce (acks=all) per leader, at most `MAX_IN_FLIGHT`
   batches of a partition out at a time (the broker dedupes a producer's last 5 per
-  partition), and a partition is resent from its first failed batch.
+  partition), and a partition is resent from its first failed batch. A partition has one
+  batch out until one of it is acknowledged to the producer id (`PRODUCER_STATE_TRUSTED`):
+  a broker without the producer's state there takes any first sequence, so a second
+  batch could land alone, ahead of a first refused as "not leader".
 - Per partition: retriable errors (leader change, lost broker) refresh metadata and are
   retried until `retry_timeout` without progress, then `RawPartitionError` names the
   partition; `OffsetOutOfRange` and `BatchRejected` are results of that partition alone.
@@ -46,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -85,6 +89,15 @@ ACKS_ALL = -1
 # Kafka's idempotent producer keeps at most 5 batches in flight per partition: the broker
 # remembers the last 5 batches of a producer and answers a resent one with its first offset.
 MAX_IN_FLIGHT = 5
+# A broker that holds no state for a producer on a partition takes any first sequence
+# (Kafka's ProducerAppendInfo, since KIP-360). A partition's second batch sent with its
+# first could then land alone, ahead of a first refused as "not leader" (its topic just
+# created, its leader just moved), and the first's resend be refused as out of order:
+# the target would hold the second before the first. So a partition has more than one
+# batch out only while a batch of it was acknowledged to this producer id within this
+# long (s): the broker keeps a producer's state a day by default
+# (producer.id.expiration.ms), and retention drops it only with every batch that made it.
+PRODUCER_STATE_TRUSTED = 60.0
 MIN_FETCH_VERSION = 11
 RETRY_BACKOFF = 0.1
 MAX_RETRY_BACKOFF = 1.0
@@ -1075,6 +1088,9 @@ class IdempotentProduceSession(_Session):
         self.producer_id = -1
         self.producer_epoch = -1
         self.sequences: dict[TP, int] = {}
+        # When a batch of each partition was last acknowledged to this producer id (a
+        # monotonic time): the broker holds its state there (PRODUCER_STATE_TRUSTED).
+        self.acknowledged_at: dict[TP, float] = {}
         # Set by a transactional session (mm2py.kafka.raw_transactions): batches then go
         # with the transactional bit and the id.
         self.transactional_id: str | None = None
@@ -1086,6 +1102,12 @@ class IdempotentProduceSession(_Session):
     async def open(self) -> None:
         await super().open()
         await self._init_producer_id()
+
+    def new_producer_id(self) -> None:
+        """A new producer id or epoch: every partition's sequence starts at 0, and no
+        broker holds its state yet."""
+        self.sequences.clear()
+        self.acknowledged_at.clear()
 
     def fenced_message(self, cause: str) -> str:
         return (
@@ -1110,7 +1132,7 @@ class IdempotentProduceSession(_Session):
             if error is aiokafka_errors.NoError:
                 self.producer_id = int(response.producer_id)
                 self.producer_epoch = int(response.producer_epoch)
-                self.sequences.clear()
+                self.new_producer_id()
                 log.debug("producer id %d epoch %d", self.producer_id, self.producer_epoch)
                 return
             if error is not None and not error.retriable:
@@ -1192,12 +1214,17 @@ class IdempotentProduceSession(_Session):
         retrying = {tp: "no leader known" for tp in unknown}
         # requests on one connection are written and answered in order
         sends: list[tuple[list[tuple[TP, int]], asyncio.Future[Any]]] = []
+        trusted_since = time.monotonic() - PRODUCER_STATE_TRUSTED
         for leader, tps in by_leader.items():
+            depth = {
+                tp: MAX_IN_FLIGHT if self.acknowledged_at.get(tp, -math.inf) > trusted_since else 1
+                for tp in tps
+            }
             for slot in range(MAX_IN_FLIGHT):
                 entries = []
                 for tp in tps:
                     index = len(pending[tp].offsets) + slot
-                    if index < len(pending[tp].payloads):
+                    if slot < depth[tp] and index < len(pending[tp].payloads):
                         entries.append((tp, index))
                 for request in _requests(entries, pending):
                     sends.append(
@@ -1212,7 +1239,9 @@ class IdempotentProduceSession(_Session):
                 outcome = answer if isinstance(answer, BaseException) else answer.get(tp)
                 if isinstance(outcome, int):
                     pending[tp].offsets.append(outcome)
-                    pending[tp].deadline = time.monotonic() + self.retry_timeout
+                    now = time.monotonic()
+                    pending[tp].deadline = now + self.retry_timeout
+                    self.acknowledged_at[tp] = now
                     continue
                 stopped.add(tp)
                 if isinstance(outcome, BatchRejected):

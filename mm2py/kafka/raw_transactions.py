@@ -164,7 +164,7 @@ class TransactionalProduceSession(IdempotentProduceSession):
         )
         self.producer_id = int(response.producer_id)
         self.producer_epoch = int(response.producer_epoch)
-        self.sequences.clear()
+        self.new_producer_id()
         self.in_transaction = False
         self._added.clear()
         log.debug(

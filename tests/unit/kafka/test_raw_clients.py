@@ -16,6 +16,7 @@ from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.protocol.produce import ProduceRequest
 from aiokafka.protocol.transaction import InitProducerIdRequest
 
+from mm2py.kafka import raw_clients
 from mm2py.kafka.raw_clients import (
     BatchRejected,
     Fetched,
@@ -62,7 +63,9 @@ class Cluster:
 
 
 class Client:
-    """Leaders per partition; scripted error codes per (partition, its nth request)."""
+    """Leaders per partition; scripted error codes per (partition, its nth request). A
+    partition holds the producer's state once a batch of it is appended: until then any
+    base sequence is taken, as Kafka's ProducerAppendInfo takes it (KIP-360)."""
 
     def __init__(self, leaders: dict[TP, int], errors: dict[tuple[TP, int], int] | None = None):
         self.cluster = Cluster(leaders)
@@ -71,6 +74,9 @@ class Client:
         self.requests: list[tuple[int, Any]] = []
         self.logs: dict[TP, dict[int, int]] = {}  # base sequence -> offset (dedup)
         self.ends: dict[TP, int] = {}
+        self.next_sequences: dict[TP, int] = {}  # where the producer's state is held
+        self.producing = 0
+        self.out_with: list[int] = []  # each Produce: how many were out with it, itself too
 
     async def bootstrap(self) -> None:
         pass
@@ -110,6 +116,10 @@ class Client:
                 topics.append((topic, answers))
             return SimpleNamespace(API_VERSION=11, error_code=0, topics=topics)
         assert isinstance(request, ProduceRequest)
+        self.producing += 1
+        self.out_with.append(self.producing)
+        await asyncio.sleep(0)  # the other requests of a window go out meanwhile
+        self.producing -= 1
         topics = []
         for topic, partitions in request._topics:
             answers = []
@@ -119,17 +129,15 @@ class Client:
                 header = split_batches(payload).batches[0].header
                 offset = -1
                 log = self.logs.setdefault(tp, {})
-                expected = self.ends.get(tp, 0)  # sequences count records here, as offsets
-                if (
-                    not code
-                    and header.base_sequence not in log
-                    and header.base_sequence != expected
-                ):
+                expected = self.next_sequences.get(tp)
+                duplicate = header.base_sequence in log
+                if not code and not duplicate and expected not in (None, header.base_sequence):
                     code = OUT_OF_ORDER
                 if not code:
-                    if header.base_sequence not in log:
+                    if not duplicate:
                         log[header.base_sequence] = self.ends.get(tp, 0)
                         self.ends[tp] = self.ends.get(tp, 0) + header.record_count
+                        self.next_sequences[tp] = header.base_sequence + header.record_count
                     offset = log[header.base_sequence]
                 answers.append((partition, code, offset, -1, 0))
             topics.append((topic, answers))
@@ -228,15 +236,16 @@ def test_partitions_share_produce_requests_with_their_own_sequences() -> None:
         }
         assert raw.produce({("A.t", 0): sent[:1]}) == {("A.t", 0): [6]}
     assert produce_requests(client) == [
-        # node 1, the first window: at most 5 batches of a partition out
+        # node 1, the first window: one batch of a partition new to the producer
         [("A.t", 0, 0), ("A.t", 1, 0)],
+        [("A.u", 0, 0)],  # node 2
+        # then at most 5 batches of a partition out
         [("A.t", 0, 3), ("A.t", 1, 3)],
         [("A.t", 1, 6)],
         [("A.t", 1, 9)],
         [("A.t", 1, 12)],
-        [("A.u", 0, 0)],  # node 2
-        [("A.t", 1, 15)],  # the next window
-        [("A.t", 1, 18)],
+        [("A.t", 1, 15)],
+        [("A.t", 1, 18)],  # the next window
         [("A.t", 0, 6)],  # the next call goes on with the partition's sequence
     ]
 
@@ -248,12 +257,49 @@ def test_a_leader_change_resends_a_partition_from_its_failed_batch() -> None:
         got = raw.produce({("A.t", 0): sent, ("A.t", 1): sent})
     assert got == {("A.t", 0): [0, 3, 6], ("A.t", 1): [0, 3, 6]}
     assert produce_requests(client) == [
-        [("A.t", 0, 0), ("A.t", 1, 0)],
+        [("A.t", 0, 0), ("A.t", 1, 0)],  # one each: new to the producer
         [("A.t", 0, 3), ("A.t", 1, 3)],  # A.t-1 fails here ...
         [("A.t", 0, 6), ("A.t", 1, 6)],  # ... so this one of it is sent again too
         [("A.t", 1, 3)],
         [("A.t", 1, 6)],
     ]
+
+
+def test_a_partition_new_to_the_producer_has_one_batch_out_until_one_is_acknowledged() -> None:
+    # Its topic just created, the leader refuses the first batch ("not leader") and then
+    # serves the partition: a second batch sent with the first would land alone, ahead
+    # of it (no producer state there yet), and the first's resend be out of order.
+    client = Client({("A.t", 0): 1}, {(("A.t", 0), 0): NOT_LEADER})
+    sent = batches(3)
+    with clients(client) as raw:
+        assert raw.produce({("A.t", 0): sent}) == {("A.t", 0): [0, 3, 6]}
+    assert produce_requests(client) == [
+        [("A.t", 0, 0)],  # not leader yet
+        [("A.t", 0, 0)],  # alone again: nothing of it is acknowledged
+        [("A.t", 0, 3)],
+        [("A.t", 0, 6)],
+    ]
+    assert client.ends[("A.t", 0)] == 9  # each batch once, in order
+
+
+def test_a_partition_not_acknowledged_for_long_has_one_batch_out_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Past PRODUCER_STATE_TRUSTED the broker may have dropped the producer's state there
+    # (producer.id.expiration.ms, or retention took every batch that made it).
+    client = Client({("A.t", 0): 1})
+    sent = batches(2)
+    with clients(client) as raw:
+        assert raw.produce({("A.t", 0): sent}) == {("A.t", 0): [0, 3]}
+        assert raw.produce({("A.t", 0): sent}) == {("A.t", 0): [6, 9]}
+        monkeypatch.setattr(raw_clients, "PRODUCER_STATE_TRUSTED", 0.0)
+        assert raw.produce({("A.t", 0): sent}) == {("A.t", 0): [12, 15]}
+    assert [r[0][2] for r in produce_requests(client)] == [0, 3, 6, 9, 12, 15]
+    assert client.out_with == [
+        1, 1,  # new to the producer: one, and once acknowledged, the one left
+        1, 2,  # acknowledged just before: both out together
+        1, 1,  # not acknowledged within PRODUCER_STATE_TRUSTED: one at a time
+    ]  # fmt: skip
 
 
 def test_a_rejected_batch_is_its_partitions_result_alone() -> None:

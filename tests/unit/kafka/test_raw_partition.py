@@ -208,9 +208,10 @@ def sent_sequences(client: FakeClient) -> list[tuple[int, int]]:
 
 
 def test_a_leader_change_resends_from_the_failed_batch_with_its_sequence() -> None:
-    # request 0 is InitProducerId; in the first window of 5, batch 1 meets NOT_LEADER and
-    # the ones behind it OUT_OF_ORDER (their predecessor is missing)
-    client = FakeClient({2: NOT_LEADER, 3: OUT_OF_ORDER, 4: OUT_OF_ORDER, 5: OUT_OF_ORDER})
+    # request 0 is InitProducerId, request 1 batch 0 alone (the partition is new to the
+    # producer); in the first window of 5, batch 1 meets NOT_LEADER and the ones behind it
+    # OUT_OF_ORDER (their predecessor is missing)
+    client = FakeClient({2: NOT_LEADER} | {n: OUT_OF_ORDER for n in range(3, 7)})
     producer = producer_with(client)
     try:
         assert producer.produce(batches(7)) == [0, 3, 6, 9, 12, 15, 18]
@@ -220,7 +221,8 @@ def test_a_leader_change_resends_from_the_failed_batch_with_its_sequence() -> No
         producer.close()
     assert client.refreshes >= 1
     assert sent_sequences(client) == [
-        (1, 0), (1, 3), (1, 6), (1, 9), (1, 12),  # the first window, to the old leader
+        (1, 0),  # alone, to the old leader
+        (1, 3), (1, 6), (1, 9), (1, 12), (1, 15),  # the first window of 5
         (2, 3), (2, 6), (2, 9), (2, 12), (2, 15),  # from the failed batch on, to the new one
         (2, 18),
     ]  # fmt: skip
