@@ -53,8 +53,10 @@ from bench.replication import STEADY_PRODUCER_PROPS, bench_clusters
 from mm2py.kafka import wire
 from mm2py.kafka.raw_clients import (
     READ_COMMITTED,
+    BatchRejected,
     FetchSession,
     IdempotentProduceSession,
+    OffsetOutOfRange,
     RawCopyClients,
 )
 from mm2py.kafka.record_batches import (
@@ -115,15 +117,17 @@ class RawClientsRound:
         self.raw.open()
 
     def __call__(self) -> tuple[int, int]:
-        answers = {
-            tp: (r.position, r.records, r.aborted)
-            for tp, r in self.raw.fetch(self.positions).items()
-            if not isinstance(r, Exception)
-        }
+        answers = {}
+        for tp, result in self.raw.fetch(self.positions).items():
+            if isinstance(result, OffsetOutOfRange):
+                raise result
+            answers[tp] = (result.position, result.records, result.aborted)
         passing, ends = _passing(answers)
         ahead = self.positions | ends
         batches = {(self.remote, tp[1]): v for tp, v in passing.items() if v}
-        self.raw.produce(batches, prefetch=ahead)
+        for tp, outcome in self.raw.produce(batches, prefetch=ahead).items():
+            if isinstance(outcome, BatchRejected):
+                raise RuntimeError(f"produce to {tp[0]}-{tp[1]}: {outcome}")
         self.positions.update(ends)
         return sum(len(v) for v in batches.values()), _records(batches)
 
