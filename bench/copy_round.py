@@ -2,10 +2,10 @@
 connections) against the same round on two blocking sockets: what a copy path without
 the event loop would save.
 
-A steady producer (`bench.steady_producer`, as in bench.replication's latency runs) sends
-records of `--bytes` bytes at `--rate` records/s to a topic of `--partitions` partitions
-on A. Then each system copies what comes, round after round, to a topic on B, for
-`--seconds` s after a 5 s warm-up, `--repeat` times, the systems alternating, after a
+A steady producer (bench.replication's `start_steady`, as in its latency runs: 5,000
+records/s of 1 KiB) sends to a topic of `--partitions` partitions on A. Then each system
+copies what comes, round after round, to a topic on B, for `--seconds` s after a 5 s
+warm-up, `--repeat` times, the systems alternating, after a
 run of the raw clients that is not measured (`--settle` s, while the new brokers' JIT
 compiles):
 
@@ -24,8 +24,7 @@ round (user and system, from ``/proc/<pid>/task/<tid>/stat``), its share of a co
 CPU-s per million records copied, batches per round, and the 1-minute load before; then
 one summary line with the medians and their ratios.
 
-    python -m bench.copy_round [--seconds 20] [--repeat 2] [--rate 5000] [--bytes 1024]
-        [--settle 60]
+    python -m bench.copy_round [--seconds 20] [--repeat 2] [--partitions 8] [--settle 60]
 
 Clusters as bench.replication's (``MM2PY_LOCAL_PORT_OFFSET`` moves them; fresh ones are
 removed at the end).
@@ -39,18 +38,16 @@ import os
 import socket
 import statistics
 import struct
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
-
-from bench.replication import STEADY_PRODUCER_PROPS, bench_clusters
-from mm2py.kafka import wire
+from bench.processes import this_thread_cpu
+from bench.replication import bench_clusters, start_steady
+from bench.topics import create_topic, end_offsets
+from mm2py.dev.launcher import LocalCluster
+from mm2py.kafka import clients, wire
 from mm2py.kafka.raw_clients import (
     READ_COMMITTED,
     BatchRejected,
@@ -78,14 +75,6 @@ FETCH_VERSION, PRODUCE_VERSION = 11, 7
 CLIENT_ID = b"mm2py-bench-round"
 _HEADER = struct.Struct(">ihhih")  # size, api key, version, correlation id, client id length
 _I32 = struct.Struct(">i")
-
-
-def _thread_cpu() -> tuple[float, float]:
-    """This thread's user and system CPU seconds."""
-    with open(f"/proc/self/task/{threading.get_native_id()}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def _passing(
@@ -262,11 +251,10 @@ SYSTEMS: dict[str, Callable[[str, str, dict[TP, int], str], Any]] = {
 }
 
 
-def _create(bootstrap: str, topics: list[str], partitions: int) -> None:
-    """Create `topics` and wait until every partition has a leader."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(t, partitions, 1) for t in topics]).values():
-        future.result()
+def _leaders_known(cluster: LocalCluster, topics: list[str], partitions: int) -> None:
+    """Wait until every partition of `topics` has a leader (the sockets' round has no
+    retries)."""
+    admin = clients.admin_client(cluster.client_properties())
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         listed = admin.list_topics(timeout=10).topics
@@ -278,37 +266,32 @@ def _create(bootstrap: str, topics: list[str], partitions: int) -> None:
         ):
             return
         time.sleep(0.2)
-    raise RuntimeError(f"topics {topics} on {bootstrap} have no leaders after 30 s")
-
-
-def _ends(bootstrap: str, topic: str, partitions: int) -> dict[TP, int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "mm2py-bench-round"})
-    try:
-        return {
-            (topic, p): consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in range(partitions)
-        }
-    finally:
-        consumer.close()
+    raise RuntimeError(f"topics {topics} on {cluster.alias} have no leaders after 30 s")
 
 
 def measure(
-    system: str, source: str, target: str, args: argparse.Namespace, remote: str, run: int
+    system: str,
+    source: LocalCluster,
+    target: LocalCluster,
+    args: argparse.Namespace,
+    remote: str,
+    run: int,
 ) -> dict[str, Any]:
     load = os.getloadavg()[0]
-    copy = SYSTEMS[system](source, target, _ends(source, args.topic, args.partitions), remote)
+    positions = {(args.topic, p): end for p, end in end_offsets(source, args.topic).items()}
+    copy = SYSTEMS[system](source.bootstrap_servers, target.bootstrap_servers, positions, remote)
     try:
         until = time.monotonic() + WARM_UP_S
         while time.monotonic() < until:
             copy()
         rounds = batches = records = 0
-        user0, system0 = _thread_cpu()
+        user0, system0 = this_thread_cpu()
         start = time.monotonic()
         while time.monotonic() - start < args.seconds:
             b, r = copy()
             rounds, batches, records = rounds + 1, batches + b, records + r
         wall = time.monotonic() - start
-        user1, system1 = _thread_cpu()
+        user1, system1 = this_thread_cpu()
     finally:
         copy.close()
     cpu = (user1 - user0) + (system1 - system0)
@@ -333,30 +316,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--rate", type=int, default=5000)
-    parser.add_argument("--bytes", type=int, default=1024)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--topic", default="bench-round-source")
     parser.add_argument("--settle", type=float, default=60.0)
     args = parser.parse_args(argv)
     clusters, started = bench_clusters()
-    source, target = clusters["A"].bootstrap_servers, clusters["B"].bootstrap_servers
+    source, target = clusters["A"], clusters["B"]
     producer = None
     try:
-        _create(source, [args.topic], args.partitions)
-        producer = subprocess.Popen(
-            [sys.executable, "-m", "bench.steady_producer", source, args.topic]
-            + ["--rate", str(args.rate), "--bytes", str(args.bytes)]
-            + [f"--set={k}={v}" for k, v in STEADY_PRODUCER_PROPS.items()],
-            stdout=subprocess.DEVNULL,
-        )
+        create_topic(source, args.topic, args.partitions)
+        producer = start_steady(source, args.topic)
         # Each system and run copies to a topic of its own, made before any is measured.
         remotes = {
             (system, run): f"bench-round-{system}-{run}"
             for system in SYSTEMS
             for run in range(-1, args.repeat)
         }
-        _create(target, list(remotes.values()), args.partitions)
+        for remote in remotes.values():
+            create_topic(target, remote, args.partitions)
+        _leaders_known(target, list(remotes.values()), args.partitions)
         # The brokers' JIT compiles while they are new: a run of the raw clients first,
         # not measured (`--settle` s).
         settle = argparse.Namespace(**{**vars(args), "seconds": args.settle})
@@ -397,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if producer is not None:
             producer.terminate()
-            producer.wait()
+            producer.communicate()
         if started is not None:
             started.down(["A", "B"])
     return 0

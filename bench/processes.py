@@ -37,8 +37,8 @@ def _comm(pid: int) -> str:
         return "?"
 
 
-def _stat_cpu(path: str) -> tuple[str, float] | None:
-    """The command name and user+sys CPU-seconds in a /proc `stat` file (of a process or
+def _stat_times(path: str) -> tuple[str, float, float] | None:
+    """The command name, user and sys CPU-seconds in a /proc `stat` file (of a process or
     a thread), or None if it is gone."""
     try:
         with open(path) as f:
@@ -49,7 +49,20 @@ def _stat_cpu(path: str) -> tuple[str, float] | None:
     # state is field 3, utime 14, stime 15.
     name, _, rest = raw.partition("(")[2].rpartition(")")
     fields = rest.split()
-    return name, (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return name, int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
+
+
+def _stat_cpu(path: str) -> tuple[str, float] | None:
+    """The command name and user+sys CPU-seconds in a /proc `stat` file, or None."""
+    times = _stat_times(path)
+    return None if times is None else (times[0], times[1] + times[2])
+
+
+def this_thread_cpu() -> tuple[float, float]:
+    """The calling thread's user and sys CPU-seconds so far."""
+    times = _stat_times(f"/proc/self/task/{threading.get_native_id()}/stat")
+    assert times is not None  # the calling thread exists
+    return times[1], times[2]
 
 
 def process_cpu_seconds(pid: int) -> float | None:

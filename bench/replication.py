@@ -690,7 +690,7 @@ def _warm_up(source: LocalCluster, target: LocalCluster, topic: str, running: Ru
         time.sleep(0.5)
 
 
-def _start_steady(cluster: LocalCluster, topic: str, records: int = 0) -> subprocess.Popen[str]:
+def start_steady(cluster: LocalCluster, topic: str, records: int = 0) -> subprocess.Popen[str]:
     """bench.steady_producer at LATENCY_RATE into `topic`: `records`, or until SIGTERM."""
     settings = {**cluster.client_properties(), **STEADY_PRODUCER_PROPS}
     bootstrap = settings.pop("bootstrap.servers")
@@ -796,7 +796,7 @@ def _load_until_compiled(
     roots: Sequence[int],
     readers: Sequence[_Reader],
 ) -> dict[str, Any]:
-    producer = _start_steady(source, topic)
+    producer = start_steady(source, topic)
     start = time.monotonic()
     jit = JitCpu(roots)
     samples = [(start, jit.sample())]
@@ -957,7 +957,7 @@ def replication_latency(
             sys.setswitchinterval(SWITCH_INTERVAL_S)
             jit = JitCpu([*jvm_pids, running.pid])
             jit_start = jit.sample()
-            producer = _start_steady(source, topic, steady.records)
+            producer = start_steady(source, topic, steady.records)
             with ThreadPoolExecutor(1) as pool:
                 deadline = time.monotonic() + produce_s + 120
                 on_source = pool.submit(
